@@ -1,0 +1,5 @@
+import sys
+
+from colo_shim.cli import main
+
+sys.exit(main())

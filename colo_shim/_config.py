@@ -1,0 +1,114 @@
+"""Environment switches.
+
+Read on every call rather than cached at import, because drivers set them late (Ray runtime_env,
+launch scripts) and tests flip them per subprocess. A bad value must never stop a 1,000-GPU job,
+so it costs one clear warning line, unless COLO_SHIM_STRICT=1 asks for an error instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENABLE = "COLO_SHIM"
+DISABLE = "COLO_SHIM_DISABLE"
+STRICT = "COLO_SHIM_STRICT"
+LOG_LEVEL = "COLO_SHIM_LOG_LEVEL"
+STATUS_DIR = "COLO_SHIM_STATUS_DIR"
+
+_OFF = ("", "0", "off", "false", "no")
+_ALL = ("1", "all")
+_TRUE = ("1", "true", "yes", "on")
+
+log = logging.getLogger("colo_shim")
+
+
+class ConfigError(ValueError):
+    """A switch has a value colo-shim cannot honour (raised only in strict mode)."""
+
+
+def strict() -> bool:
+    return os.environ.get(STRICT, "").strip().lower() in _TRUE
+
+
+def complain(message: str, *, strict_mode: bool | None = None) -> None:
+    """One line for the operator; an error when strict, because strict means 'fail loudly'."""
+    if strict() if strict_mode is None else strict_mode:
+        raise ConfigError(message)
+    log.warning("colo_shim: %s", message)
+
+
+def active() -> bool:
+    """True when the environment asks for the shim; cheap, imports nothing."""
+    return os.environ.get(ENABLE, "").strip().lower() not in _OFF
+
+
+def _names(value: str) -> list[str]:
+    return [part.strip().lower() for part in value.split(",") if part.strip()]
+
+
+def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
+    """Patch names to install: explicit argument, else COLO_SHIM, minus COLO_SHIM_DISABLE."""
+    valid = ", ".join(("0", "1", "all") + known)
+    if explicit is not None:
+        wanted = [explicit] if isinstance(explicit, str) else list(explicit)
+        wanted = [n for w in wanted for n in _names(w)]
+        raw = ",".join(wanted)
+    else:
+        raw = os.environ.get(ENABLE, "").strip().lower()
+        wanted = _names(raw) if raw not in _OFF else []
+    if explicit is None and raw in _OFF:
+        wanted = list(known)  # install() called in code without COLO_SHIM: the caller wants it on
+    if any(w in _ALL for w in wanted):
+        wanted = list(known)
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        complain(f"{ENABLE}={raw!r} names unknown patch(es) {', '.join(unknown)}; valid values: {valid}")
+    disabled = set(_names(os.environ.get(DISABLE, "")))
+    bad_disabled = sorted(disabled - set(known))
+    if bad_disabled:
+        complain(f"{DISABLE} names unknown patch(es) {', '.join(bad_disabled)}; valid values: {', '.join(known)}")
+    return tuple(n for n in known if n in wanted and n not in disabled)
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in choices:
+        return value
+    complain(f"{name}={raw!r} is not valid; valid values: {', '.join(choices)} (using {default!r})")
+    return default
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if value == value and value >= 0:
+        return value
+    complain(f"{name}={raw!r} is not valid; use a non-negative number of seconds (using {default})")
+    return default
+
+
+def configure_logging() -> None:
+    """Attach a handler only when asked: a library must not reconfigure the host's logging."""
+    raw = os.environ.get(LOG_LEVEL, "").strip()
+    if not raw:
+        return
+    level = logging.getLevelName(raw.upper()) if not raw.isdigit() else int(raw)
+    if not isinstance(level, int):
+        complain(f"{LOG_LEVEL}={raw!r} is not valid; valid values: DEBUG, INFO, WARNING, ERROR")
+        return
+    log.setLevel(level)
+    if not any(getattr(h, "_colo_shim", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+        handler._colo_shim = True
+        log.addHandler(handler)
+        log.propagate = False

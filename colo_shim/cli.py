@@ -1,0 +1,74 @@
+"""`colo-shim` command line: run, bundle, doctor, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _run(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("colo-shim run: give a command, e.g. colo-shim run -- python train.py", file=sys.stderr)
+        return 2
+    bootstrap = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if args.patches:
+        env["COLO_SHIM"] = args.patches
+    else:
+        env.setdefault("COLO_SHIM", "all")
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"colo-shim run: cannot execute {command[0]}: {exc}", file=sys.stderr)
+        return 127
+
+
+def _bundle(args) -> int:
+    from colo_shim.bundle import bundle
+
+    path = bundle(args.dir)
+    print(f"wrote {path}; activate with: PYTHONPATH={path} COLO_SHIM=1 <command>")
+    return 0
+
+
+def _doctor(args) -> int:
+    from colo_shim import doctor
+
+    return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir)
+
+
+def _demo(args) -> int:
+    from colo_shim import demo
+
+    return demo.main(args.demo_args)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="colo-shim", description=__import__("colo_shim").__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run a command with colo-shim active in it and every child process")
+    run.add_argument("--patches", help="comma list of patch families (default: all, or COLO_SHIM)")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.set_defaults(func=_run)
+    bun = sub.add_parser("bundle", help="write a self-contained bootstrap directory for PYTHONPATH")
+    bun.add_argument("dir")
+    bun.set_defaults(func=_bundle)
+    doc = sub.add_parser("doctor", help="show each patch's status in this environment")
+    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--import", dest="import_targets", action="store_true", help="import targets to apply for real")
+    doc.add_argument("--from", dest="from_dir", help="read status files written by processes (COLO_SHIM_STATUS_DIR)")
+    doc.set_defaults(func=_doctor)
+    demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+    demo.set_defaults(func=_demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""`colo-shim doctor`: what each patch would do in this environment, or did in a running job.
+
+By default nothing is imported (safe on a login node, answers in milliseconds): versions come
+from metadata and module presence from the path finders. `--import` imports the targets to show
+applied / not-needed for real. Running processes write their own status to COLO_SHIM_STATUS_DIR
+at exit; `--from DIR` reads those, because the decisions that matter happen in Ray actors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import json
+import os
+import socket
+import sys
+
+from colo_shim import _config, registry, versions
+
+COLUMNS = ("name", "target", "status", "installed_version", "supported", "calls", "reason")
+
+
+def _findable(module: str) -> bool:
+    if module in sys.modules:
+        return True
+    path = None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), path)
+        if spec is None:
+            return False
+        path = spec.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return False
+    return True
+
+
+def _static(record: dict, wanted: tuple) -> dict:
+    if record["name"] not in wanted:
+        record["status"], record["reason"] = registry.DISABLED, "not enabled by COLO_SHIM / COLO_SHIM_DISABLE"
+        return record
+    module = record["target"].split(":", 1)[0]
+    version = versions.installed_version(record["distribution"]) if record["distribution"] else None
+    record["installed_version"] = version
+    if version is not None and not versions.supported(version, record["supported"]):
+        record["status"], record["reason"] = registry.UNSUPPORTED, f"{version} not in {record['supported']!r}"
+    elif not _findable(module):
+        record["status"], record["reason"] = registry.MISSING, f"module {module} not found"
+    else:
+        record["status"], record["reason"] = registry.PENDING, f"applies when {module} is imported"
+    return record
+
+
+def report(import_targets: bool = False) -> list[dict]:
+    known = tuple(registry.families())
+    wanted = _config.requested_patches(known) if _config.active() else known
+    if not import_targets:
+        return [_static(r, wanted) for r in registry.status()]
+    registry.install(wanted)
+    for record in registry.status():
+        module = record["target"].split(":", 1)[0]
+        if record["status"] == registry.PENDING and _findable(module):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                registry.log.warning("colo_shim: doctor could not import %s: %s", module, exc)
+    return [r if r["status"] != registry.PENDING else _static(r, wanted) for r in registry.status()]
+
+
+def dump(directory: str) -> str:
+    """Write this process's status; called at exit when COLO_SHIM_STATUS_DIR is set."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
+    payload = {"host": socket.gethostname(), "pid": os.getpid(), "argv": sys.argv, "records": registry.status()}
+    with open(path + ".tmp", "w") as fh:
+        json.dump(payload, fh, default=str)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def load(directory: str) -> list[dict]:
+    processes = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            with open(os.path.join(directory, name)) as fh:
+                processes.append(json.load(fh))
+    return processes
+
+
+def format_table(records: list[dict]) -> str:
+    rows = [[str(r.get(c) if r.get(c) is not None else "-") for c in COLUMNS] for r in records]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    details = {r["name"]: r["details"] for r in records if r.get("details")}
+    lines += [f"{name}: {json.dumps(d, default=str, sort_keys=True)}" for name, d in details.items()]
+    return "\n".join(lines)
+
+
+def main(as_json: bool = False, import_targets: bool = False, from_dir: str | None = None) -> int:
+    if from_dir:
+        processes = load(from_dir)
+        if as_json:
+            print(json.dumps(processes, indent=2, default=str))
+        for proc in [] if as_json else processes:
+            print(f"== {proc['host']} pid {proc['pid']}: {' '.join(proc['argv'])[:120]}")
+            print(format_table(proc["records"]))
+        return 0
+    records = report(import_targets)
+    if as_json:
+        print(json.dumps(records, indent=2, default=str))
+        return 0
+    state = os.environ.get(_config.ENABLE)
+    print(f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r} "
+          f"({'active' if _config.active() else 'inactive: processes with this environment patch nothing'})")
+    print(format_table(records))
+    return 0

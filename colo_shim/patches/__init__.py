@@ -1,0 +1,3 @@
+"""Patch families, one module each; every module starts with its PATCH declaration."""
+
+FAMILIES = ("nvrx", "megatron", "vllm")

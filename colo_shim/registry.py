@@ -1,0 +1,226 @@
+"""Patch declarations and their lazy, idempotent, fail-open application.
+
+A family declares what it wraps (Target) and where it is safe (versions, upstream-fix detector);
+this module decides when: at once if the target module is already imported, else from a wrapt
+post-import hook. wrapt hooks fire once and cannot be unregistered, so each hook only consults
+state here, which is what makes uninstall/re-install and repeated install() calls safe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from colo_shim import _config, versions, wrapping
+
+log = logging.getLogger("colo_shim")
+
+APPLIED, PENDING, NOT_NEEDED = "applied", "pending", "not-needed"
+UNSUPPORTED, MISSING, DISABLED, FAILED = "unsupported-version", "target-missing", "disabled", "failed"
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    attribute: str
+    wrapper: Callable
+    distribution: str | None = None
+    versions: str = ""
+    upstream_fixed: Callable | None = None
+    required: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.attribute}"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    summary: str
+    targets: tuple
+    report: Callable | None = None
+
+
+@dataclass
+class _State:
+    patch: str
+    target: Target
+    status: str = DISABLED
+    reason: str = ""
+    installed_version: str | None = None
+    calls: int = 0
+    active: bool = False
+    original: object = field(default=wrapping._MISSING, repr=False)
+    owner: object = field(default=None, repr=False)
+
+
+_lock = threading.RLock()
+_patches: dict[str, Patch] = {}
+_states: dict[tuple[str, str], _State] = {}
+_hooked: set[str] = set()
+_enabled: set[str] = set()
+_broken: dict[str, str] = {}
+
+
+def families() -> dict[str, Patch]:
+    """Import every family declaration once (cheap: families import no target library)."""
+    from colo_shim.patches import FAMILIES
+
+    with _lock:
+        for name in FAMILIES:
+            if name not in _patches and name not in _broken:
+                try:
+                    register(importlib.import_module(f"colo_shim.patches.{name}").PATCH)
+                except Exception as exc:  # one broken family must not take the others down
+                    _broken[name] = f"{type(exc).__name__}: {exc}"
+                    log.warning("colo_shim: patch family %s unavailable: %s", name, _broken[name])
+        return dict(_patches)
+
+
+def register(patch: Patch) -> Patch:
+    with _lock:
+        _patches[patch.name] = patch
+        for target in patch.targets:
+            _states.setdefault((patch.name, target.key), _State(patch.name, target))
+    return patch
+
+
+def _counting(state: _State) -> Callable:
+    user = state.target.wrapper
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if not state.active:
+            return wrapped(*args, **kwargs)
+        state.calls += 1
+        return user(wrapped, instance, args, kwargs)
+
+    return wrapper
+
+
+def _apply(state: _State, module) -> None:
+    target = state.target
+    key = f"{state.patch}:{target.key}"
+    try:
+        if target.distribution:
+            state.installed_version = versions.installed_version(target.distribution)
+            if not versions.supported(state.installed_version, target.versions):
+                state.status = UNSUPPORTED
+                state.reason = f"{target.distribution} {state.installed_version} not in {target.versions!r}"
+                log.warning("colo_shim: skipped %s %s: %s", state.patch, target.key, state.reason)
+                return
+        try:
+            owner, name = wrapping.resolve_owner(module, target.attribute)
+        except AttributeError as exc:
+            state.status, state.reason = MISSING, str(exc)
+            (log.warning if target.required else log.debug)("colo_shim: %s %s: %s", state.patch, target.key, exc)
+            return
+        fixed = target.upstream_fixed(module) if target.upstream_fixed else None
+        if fixed:
+            state.status, state.reason = NOT_NEEDED, fixed
+            log.info("colo_shim: %s %s not needed: %s", state.patch, target.key, fixed)
+            return
+        current = vars(owner).get(name, wrapping._MISSING)
+        if not wrapping.is_ours(current, key):
+            state.original = wrapping.wrap(owner, name, _counting(state), key)
+        state.owner, state.active = owner, True
+        state.status, state.reason = APPLIED, ""
+        log.info("colo_shim: patched %s %s (%s %s)", state.patch, target.key,
+                 target.distribution or module.__name__, state.installed_version or "unknown version")
+    except Exception as exc:  # a broken patch must not break the host's import
+        state.status, state.reason = FAILED, f"{type(exc).__name__}: {exc}"
+        log.warning("colo_shim: patch %s %s failed: %s", state.patch, target.key, state.reason)
+
+
+def _on_import(module) -> None:
+    with _lock:
+        for state in list(_states.values()):
+            if state.target.module == module.__name__ and state.patch in _enabled and state.status == PENDING:
+                _apply(state, module)
+
+
+def _hook(module_name: str) -> None:
+    if module_name in _hooked:
+        return
+    _hooked.add(module_name)
+    import wrapt
+
+    wrapt.register_post_import_hook(_on_import, module_name)
+
+
+def install(patches=None, strict=None) -> list[dict]:
+    """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread."""
+    strict = _config.strict() if strict is None else bool(strict)
+    _config.configure_logging()
+    known = families()
+    names = _config.requested_patches(tuple(known), patches)
+    with _lock:
+        _enabled.update(names)
+        for state in _states.values():
+            if state.patch not in _enabled or state.status not in (DISABLED, PENDING):
+                continue
+            target = state.target
+            if strict and target.distribution:
+                version = versions.installed_version(target.distribution)
+                if version is not None and not versions.supported(version, target.versions):
+                    raise _config.ConfigError(
+                        f"{state.patch}: {target.distribution} {version} not in {target.versions!r} ({target.key})")
+            state.status, state.reason = PENDING, ""
+            module = sys.modules.get(target.module)
+            if module is not None:
+                _apply(state, module)
+                broken = state.status in (FAILED, UNSUPPORTED) or (state.status == MISSING and target.required)
+                if strict and broken:
+                    raise _config.ConfigError(f"{state.patch} {target.key}: {state.status}: {state.reason}")
+            else:
+                _hook(target.module)
+    return status()
+
+
+def uninstall() -> None:
+    """Restore every original exactly; wrappers someone else wrapped over stay but turn inert."""
+    with _lock:
+        for state in _states.values():
+            if state.status == APPLIED:
+                key = f"{state.patch}:{state.target.key}"
+                name = state.target.attribute.rsplit(".", 1)[-1]
+                state.active = False
+                if not wrapping.unwrap(state.owner, name, state.original, key):
+                    log.warning("colo_shim: %s was re-wrapped by another library; left inert", state.target.key)
+            state.status, state.reason, state.owner = DISABLED, "", None
+            state.original = wrapping._MISSING
+        _enabled.clear()
+
+
+def enabled(name: str) -> bool:
+    return name in _enabled
+
+
+def status() -> list[dict]:
+    with _lock:
+        details = {}
+        for name, patch in _patches.items():
+            try:
+                details[name] = patch.report() if patch.report and name in _enabled else {}
+            except Exception as exc:
+                details[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        broken = [{"name": name, "target": "*", "status": FAILED, "reason": reason, "installed_version": None,
+                   "distribution": None, "supported": "", "calls": 0, "details": {}} for name, reason in _broken.items()]
+        return broken + [
+            {
+                "name": s.patch,
+                "target": s.target.key,
+                "status": s.status,
+                "reason": s.reason,
+                "installed_version": s.installed_version,
+                "distribution": s.target.distribution,
+                "supported": s.target.versions,
+                "calls": s.calls,
+                "details": details.get(s.patch, {}),
+            }
+            for s in _states.values()
+        ]

@@ -1,0 +1,74 @@
+"""Subprocess plumbing shared by the tests.
+
+Every behaviour that depends on import order or interpreter start-up is checked in a fresh
+interpreter, never in the pytest process, where earlier tests have already imported things.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOUBLES = os.path.join(REPO, "tests", "doubles")
+TARGETS = os.path.join(REPO, "tests", "targets")
+PYTHON = os.environ.get("COLO_SHIM_TEST_PYTHON", sys.executable)
+
+
+def deps_dir(name: str, version: str) -> str:
+    """Directory holding one version of a target library (installed by .ci/install_deps.sh)."""
+    root = os.environ.get("COLO_SHIM_TEST_DEPS", os.path.join(REPO, ".deps"))
+    path = os.path.join(root, f"{name}-{version}")
+    if not os.path.isfile(os.path.join(path, ".complete")):
+        raise RuntimeError(f"{path} missing: run .ci/install_deps.sh (tests need the real library)")
+    return path
+
+
+def doubles_root(release: str) -> str:
+    """Root of one NeMo-RL release's test doubles, e.g. doubles_root('v0_7')."""
+    return os.path.join(DOUBLES, f"nemo_rl_{release}")
+
+
+def clean_env(**overrides) -> dict:
+    """The parent's environment without colo-shim switches, plus overrides (None deletes)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM") or k == "COLO_SHIM_TEST_DEPS"}
+    env.pop("PYTHONPATH", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_python(code_or_path: str, *, pythonpath=(), env=None, timeout: float = 120, python: str = PYTHON,
+               args=(), check: bool = True, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run code (or a .py file) in a fresh interpreter with REPO first on PYTHONPATH.
+
+    env: extra variables on top of clean_env(); check: raise with the child's output on failure.
+    """
+    full_env = clean_env(**(env or {}))
+    paths = [REPO, *pythonpath]
+    if full_env.get("PYTHONPATH"):
+        paths.append(full_env["PYTHONPATH"])
+    full_env["PYTHONPATH"] = os.pathsep.join(paths)
+    if code_or_path.endswith(".py") and os.path.isfile(code_or_path):
+        cmd = [python, code_or_path, *args]
+    else:
+        cmd = [python, "-c", textwrap.dedent(code_or_path), *args]
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+def last_json(proc: subprocess.CompletedProcess):
+    """The child's result: the last stdout line, which by convention is JSON."""
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise AssertionError(f"child printed nothing\n--- stderr\n{proc.stderr}")
+    return json.loads(lines[-1])
