@@ -21,18 +21,19 @@ COLUMNS = ("name", "target", "status", "installed_version", "supported", "calls"
 
 
 def _findable(module: str) -> bool:
+    """Whether `module` could be imported, decided from the file system so no package runs."""
     if module in sys.modules:
         return True
-    path = None
-    parts = module.split(".")
-    for i in range(len(parts)):
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), path)
-        if spec is None:
+    dirs, parts = sys.path, module.split(".")
+    for i, part in enumerate(parts):
+        packages = [os.path.join(d or ".", part) for d in dirs if os.path.isdir(os.path.join(d or ".", part))]
+        if i == len(parts) - 1:
+            files = (os.path.join(d or ".", part + s) for d in dirs for s in importlib.machinery.all_suffixes())
+            return bool(packages) or any(os.path.isfile(f) for f in files)
+        if not packages:
             return False
-        path = spec.submodule_search_locations
-        if path is None and i < len(parts) - 1:
-            return False
-    return True
+        dirs = packages
+    return False
 
 
 def _static(record: dict, wanted: tuple) -> dict:

@@ -1,0 +1,3 @@
+"""Test-only target package for the registry's ordering tests (no upstream counterpart)."""
+
+LOADED = True

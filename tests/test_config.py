@@ -1,0 +1,77 @@
+"""Environment switches, each read in a fresh interpreter the way a job sets them."""
+
+import pytest
+
+from helpers import TARGETS, last_json, run_python
+
+PROBE = """
+    import json, colo_shim
+    from colo_shim import registry
+    print(json.dumps(sorted(registry._enabled)))
+"""
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("1", ["megatron", "nvrx", "vllm"]), ("all", ["megatron", "nvrx", "vllm"]), (" ALL ", ["megatron", "nvrx", "vllm"]),
+    ("nvrx", ["nvrx"]), ("vllm, megatron", ["megatron", "vllm"]), ("0", []), ("", []),
+])
+def test_colo_shim_selects_patches(value, expected):
+    child = run_python(PROBE, env={"COLO_SHIM": value})
+    assert last_json(child) == expected
+    assert "unknown" not in child.stderr
+
+
+def test_unset_means_off_and_imports_nothing_heavy():
+    child = run_python("""
+        import json, sys, colo_shim
+        print(json.dumps([m for m in ("wrapt", "torch", "vllm", "megatron", "nvidia_resiliency_ext",
+                                      "colo_shim.registry") if m in sys.modules]))
+    """)
+    assert last_json(child) == []
+    assert child.stderr == ""
+
+
+def test_disable_list_wins():
+    child = run_python(PROBE, env={"COLO_SHIM": "all", "COLO_SHIM_DISABLE": "nvrx,vllm"})
+    assert last_json(child) == ["megatron"]
+
+
+@pytest.mark.parametrize("var,value", [("COLO_SHIM", "yes please"), ("COLO_SHIM", "nvrx,bogus"),
+                                       ("COLO_SHIM_DISABLE", "bogus")])
+def test_bad_value_gives_one_clear_line(var, value):
+    env = {"COLO_SHIM": "1", var: value}
+    child = run_python(PROBE, env=env)
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, child.stderr
+    assert "bogus" in lines[0] or "yes please" in lines[0]
+    assert "valid values" in lines[0] and "nvrx" in lines[0] and "megatron" in lines[0]
+    if value == "nvrx,bogus":
+        assert last_json(child) == ["nvrx"]
+
+
+def test_bad_value_in_strict_mode_is_an_error():
+    child = run_python("import colo_shim", env={"COLO_SHIM": "yes please", "COLO_SHIM_STRICT": "1"}, check=False)
+    assert child.returncode != 0
+    assert "ConfigError" in child.stderr and "valid values: 0, 1, all, nvrx, megatron, vllm" in child.stderr
+
+
+def test_family_knobs_validate_values():
+    child = run_python("""
+        import json
+        from colo_shim import _config
+        print(json.dumps([_config.env_choice("X_CHOICE", ("auto", "always", "never"), "auto"),
+                          _config.env_float("X_FLOAT", 5.0), _config.env_float("X_NEG", 5.0)]))
+    """, env={"X_CHOICE": "Sometimes", "X_FLOAT": "2.5", "X_NEG": "-1"})
+    assert last_json(child) == ["auto", 2.5, 5.0]
+    assert "X_CHOICE='Sometimes' is not valid; valid values: auto, always, never" in child.stderr
+    assert "X_NEG='-1' is not valid" in child.stderr
+
+
+def test_log_level_attaches_one_handler():
+    child = run_python("""
+        import logging, shimtest_family, colo_shim
+        shimtest_family.register_all()
+        colo_shim.install(["shimtest"]); colo_shim.install(["shimtest"])
+        print(len(logging.getLogger("colo_shim").handlers))
+    """, pythonpath=(TARGETS,), env={"COLO_SHIM_LOG_LEVEL": "info"})
+    assert child.stdout.strip() == "1"

@@ -1,0 +1,72 @@
+"""`colo-shim doctor` in fresh interpreters against the real NVRx wheels and the test family."""
+
+import json
+
+from helpers import TARGETS, deps_dir, run_python
+
+STATUSES = {"applied", "pending", "not-needed", "unsupported-version", "target-missing", "disabled", "failed"}
+
+
+def doctor(*args, pythonpath=(), env=None):
+    proc = run_python("import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))",
+                      args=("doctor", *args), pythonpath=pythonpath, env=env, timeout=240)
+    assert proc.returncode == 0
+    return proc
+
+
+def test_json_lists_every_target_without_importing_it():
+    proc = doctor("--json", pythonpath=(deps_dir("nvrx", "0.7.0"),), env={"COLO_SHIM": "nvrx"})
+    records = json.loads(proc.stdout)
+    assert records and all({"name", "target", "status", "reason", "installed_version"} <= set(r) for r in records)
+    assert {r["status"] for r in records} <= STATUSES
+    nvrx = [r for r in records if r["name"] == "nvrx"]
+    assert nvrx and all(r["installed_version"] == "0.7.0" for r in nvrx)
+    assert {r["status"] for r in nvrx} <= {"pending", "target-missing"}
+    assert any(r["status"] == "pending" for r in nvrx)
+    others = [r for r in records if r["name"] != "nvrx"]
+    assert others and {r["status"] for r in others} == {"disabled"}
+
+
+def test_unsupported_version_is_reported_from_metadata():
+    proc = doctor("--json", pythonpath=(deps_dir("nvrx", "0.4.1"), deps_dir("mcore", "0.16.1")))
+    records = json.loads(proc.stdout)
+    versions = {r["installed_version"] for r in records if r["name"] == "nvrx"}
+    assert versions == {"0.4.1"}
+    assert all(r["status"] != "failed" for r in records)
+
+
+def test_import_mode_applies_for_real_and_text_table():
+    proc = doctor("--import", pythonpath=(deps_dir("nvrx", "0.7.0"),), env={"COLO_SHIM": "nvrx"})
+    header, table = proc.stdout.splitlines()[0], proc.stdout.splitlines()[1:]
+    assert "COLO_SHIM='nvrx' (active)" in header
+    assert table[0].split() == ["name", "target", "status", "installed_version", "supported", "calls", "reason"]
+    rows = [line.split() for line in table[1:] if line.startswith("nvrx ")]
+    assert any(row[2] == "applied" for row in rows), proc.stdout
+    assert not any(row[2] == "failed" for row in rows), proc.stdout
+
+
+def test_inactive_environment_says_so():
+    proc = doctor()
+    assert "inactive" in proc.stdout.splitlines()[0]
+
+
+def test_processes_write_status_and_doctor_reads_them(tmp_path):
+    run_python("""
+        import shimtest_family, colo_shim
+        shimtest_family.register_all()
+        colo_shim.install(["shimtest"])
+        import shimtarget.sub
+        shimtarget.sub.free(1)
+    """, pythonpath=(TARGETS,), env={"COLO_SHIM": "0", "COLO_SHIM_STATUS_DIR": str(tmp_path)})
+    assert list(tmp_path.iterdir()) == []  # dumps only where the job turned the shim on by environment
+    run_python("""
+        import colo_shim
+        from colo_shim import registry
+        print(sorted(registry._enabled))
+    """, env={"COLO_SHIM": "megatron", "COLO_SHIM_STATUS_DIR": str(tmp_path)})
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    proc = doctor("--from", str(tmp_path))
+    assert proc.stdout.startswith("== ") and "megatron" in proc.stdout
+    dumped = json.loads(doctor("--from", str(tmp_path), "--json").stdout)
+    assert dumped[0]["pid"] and {r["status"] for r in dumped[0]["records"] if r["name"] == "megatron"} <= STATUSES
