@@ -1,10 +1,9 @@
 """colo-shim: memory fixes for colocated RL training, applied without code changes.
 
-`import colo_shim` costs nothing unless COLO_SHIM is set: the registry (and wrapt) load only
-when something is to be installed, so the activator can sit in every interpreter of a job.
+`import colo_shim` costs nothing unless COLO_SHIM is set, and even then the registry (and wrapt)
+load only when the first target package is imported (colo_shim._deferred), so the activator can
+sit in every interpreter of a job.
 """
-
-from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = ["install", "uninstall", "status", "fence", "__version__"]
@@ -26,8 +25,9 @@ def uninstall() -> None:
 
 def status() -> list[dict]:
     """Per patch and target: status, reason, version, supported range, call count, details."""
-    from colo_shim import registry
+    from colo_shim import _deferred, registry
 
+    _deferred.fire()
     registry.families()
     return registry.status()
 
@@ -40,25 +40,14 @@ def fence(reason: str = ""):
 
 
 def _autoinstall() -> None:
-    from colo_shim import _config
+    """Arm installation for the first target import; costs nothing more until then."""
+    import os
 
-    if not _config.active():
+    if os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
         return
-    try:
-        install()
-        directory = __import__("os").environ.get(_config.STATUS_DIR)
-        if directory:
-            import atexit
+    from colo_shim import _deferred
 
-            from colo_shim import doctor
-
-            atexit.register(doctor.dump, directory)
-    except _config.ConfigError:
-        raise
-    except Exception as exc:  # never break the host job at import time
-        import logging
-
-        logging.getLogger("colo_shim").warning("colo_shim: install failed: %s: %s", type(exc).__name__, exc)
+    _deferred.arm()
 
 
 _autoinstall()

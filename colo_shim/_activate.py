@@ -2,17 +2,28 @@
 
 It imports colo_shim only when COLO_SHIM asks for it, so an installed activator costs one
 environment lookup per interpreter start and executes nothing taken from the environment.
+Several paths can reach one process (a venv runs .pth lines twice; the bootstrap and the vLLM
+plugin may both fire), so only the first call acts. `import colo_shim` installs by itself when
+COLO_SHIM is set; when something imported colo_shim earlier while the switch was off (a vLLM
+plugin loaded before its register() runs), the install is asked for explicitly.
 """
 
 import os
+import sys
+
+_done = False
 
 
 def activate() -> None:
-    if os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
+    global _done
+    if _done or os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
         return
+    _done = True
     try:
-        import colo_shim  # noqa: F401  (installs on import when COLO_SHIM is set)
-    except Exception as exc:  # a start-up hook must never stop the interpreter
-        import sys
+        imported_before = "colo_shim" in sys.modules
+        import colo_shim
 
+        if imported_before and "colo_shim.registry" not in sys.modules:
+            colo_shim._autoinstall()
+    except Exception as exc:  # a start-up hook must never stop the interpreter
         print(f"colo_shim: activation failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -5,9 +5,7 @@ launch scripts) and tests flip them per subprocess. A bad value must never stop 
 so it costs one clear warning line, unless COLO_SHIM_STRICT=1 asks for an error instead.
 """
 
-from __future__ import annotations
 
-import logging
 import os
 
 ENABLE = "COLO_SHIM"
@@ -19,8 +17,7 @@ STATUS_DIR = "COLO_SHIM_STATUS_DIR"
 _OFF = ("", "0", "off", "false", "no")
 _ALL = ("1", "all")
 _TRUE = ("1", "true", "yes", "on")
-
-log = logging.getLogger("colo_shim")
+_said: set = set()
 
 
 class ConfigError(ValueError):
@@ -35,7 +32,15 @@ def complain(message: str, *, strict_mode: bool | None = None) -> None:
     """One line for the operator; an error when strict, because strict means 'fail loudly'."""
     if strict() if strict_mode is None else strict_mode:
         raise ConfigError(message)
-    log.warning("colo_shim: %s", message)
+    if message not in _said:  # the same bad value is seen at arm time and again at install
+        _said.add(message)
+        import logging
+
+        logging.getLogger("colo_shim").warning("colo_shim: %s", message)
+
+
+def status_dir() -> str:
+    return os.environ.get(STATUS_DIR, "").strip()
 
 
 def active() -> bool:
@@ -101,6 +106,9 @@ def configure_logging() -> None:
     raw = os.environ.get(LOG_LEVEL, "").strip()
     if not raw:
         return
+    import logging
+
+    log = logging.getLogger("colo_shim")
     level = logging.getLevelName(raw.upper()) if not raw.isdigit() else int(raw)
     if not isinstance(level, int):
         complain(f"{LOG_LEVEL}={raw!r} is not valid; valid values: DEBUG, INFO, WARNING, ERROR")

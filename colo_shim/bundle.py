@@ -8,10 +8,11 @@ CPython ABI the job uses, and it sits under _colo_shim_vendor/ so a host's own w
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd", "*.c", "*.h")
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd", "*.c", "*.h")  # pure Python only
 
 
 def _package_dir(name: str) -> str:
@@ -30,4 +31,7 @@ def bundle(dest: str) -> str:
         if os.path.exists(out):
             shutil.rmtree(out)
         shutil.copytree(_package_dir(name), out, ignore=_IGNORE)
+    # bytecode for this interpreter's version (others ignore it): jobs often run with
+    # PYTHONDONTWRITEBYTECODE or a read-only bundle, and would otherwise compile it in every process
+    compileall.compile_dir(dest, quiet=1, workers=1)
     return dest

@@ -8,7 +8,9 @@ state here, which is what makes uninstall/re-install and repeated install() call
 
 from __future__ import annotations
 
+import functools
 import importlib
+import itertools
 import logging
 import sys
 import threading
@@ -53,8 +55,7 @@ class _State:
     status: str = DISABLED
     reason: str = ""
     installed_version: str | None = None
-    calls: int = 0
-    active: bool = False
+    counter: object = field(default_factory=lambda: itertools.count(1), repr=False)
     original: object = field(default=wrapping._MISSING, repr=False)
     owner: object = field(default=None, repr=False)
 
@@ -90,16 +91,13 @@ def register(patch: Patch) -> Patch:
     return patch
 
 
-def _counting(state: _State) -> Callable:
-    user = state.target.wrapper
+def _calls(state: _State) -> int:
+    return int(repr(state.counter)[len("count("):-1]) - 1
 
-    def wrapper(wrapped, instance, args, kwargs):
-        if not state.active:
-            return wrapped(*args, **kwargs)
-        state.calls += 1
-        return user(wrapped, instance, args, kwargs)
 
-    return wrapper
+def _gate(state: _State) -> Callable:
+    """wrapt's `enabled` hook as a C-level call that counts: no Python frame per patched call."""
+    return functools.partial(next, state.counter)
 
 
 def _apply(state: _State, module) -> None:
@@ -125,9 +123,11 @@ def _apply(state: _State, module) -> None:
             log.info("colo_shim: %s %s not needed: %s", state.patch, target.key, fixed)
             return
         current = vars(owner).get(name, wrapping._MISSING)
-        if not wrapping.is_ours(current, key):
-            state.original = wrapping.wrap(owner, name, _counting(state), key)
-        state.owner, state.active = owner, True
+        if wrapping.is_ours(current, key):  # left in place, silenced, by an earlier uninstall
+            wrapping.set_enabled(current, _gate(state))
+        else:
+            state.original = wrapping.wrap(owner, name, target.wrapper, key, enabled=_gate(state))
+        state.owner = owner
         state.status, state.reason = APPLIED, ""
         log.info("colo_shim: patched %s %s (%s %s)", state.patch, target.key,
                  target.distribution or module.__name__, state.installed_version or "unknown version")
@@ -188,12 +188,22 @@ def uninstall() -> None:
             if state.status == APPLIED:
                 key = f"{state.patch}:{state.target.key}"
                 name = state.target.attribute.rsplit(".", 1)[-1]
-                state.active = False
                 if not wrapping.unwrap(state.owner, name, state.original, key):
+                    ours = _find_ours(vars(state.owner).get(name), key)
+                    if ours is not None:
+                        wrapping.set_enabled(ours, False)
                     log.warning("colo_shim: %s was re-wrapped by another library; left inert", state.target.key)
             state.status, state.reason, state.owner = DISABLED, "", None
             state.original = wrapping._MISSING
         _enabled.clear()
+
+
+def _find_ours(obj, key: str):
+    while obj is not None:
+        if wrapping.is_ours(obj, key):
+            return obj
+        obj = getattr(obj, "__wrapped__", None)
+    return None
 
 
 def enabled(name: str) -> bool:
@@ -219,7 +229,7 @@ def status() -> list[dict]:
                 "installed_version": s.installed_version,
                 "distribution": s.target.distribution,
                 "supported": s.target.versions,
-                "calls": s.calls,
+                "calls": _calls(s),
                 "details": details.get(s.patch, {}),
             }
             for s in _states.values()

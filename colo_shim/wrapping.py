@@ -10,6 +10,7 @@ bound function getattr would return.
 from __future__ import annotations
 
 import importlib
+import types
 
 import wrapt
 
@@ -25,10 +26,19 @@ def _resolve(module: str, qualname: str):
 
 class _BoundWrapper(wrapt.BoundFunctionWrapper):
     def __reduce_ex__(self, protocol):
-        return getattr, (self.__self__, self.__name__)
+        try:  # bound to an instance or, for a classmethod, to the class
+            return getattr, (self.__self__, self.__name__)
+        except AttributeError:  # reached through the class: plain function or staticmethod
+            return _resolve, (self.__module__, self.__qualname__)
 
     def __reduce__(self):
         return self.__reduce_ex__(2)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 class ShimWrapper(wrapt.FunctionWrapper):
@@ -36,8 +46,8 @@ class ShimWrapper(wrapt.FunctionWrapper):
 
     __bound_function_wrapper__ = _BoundWrapper
 
-    def __init__(self, wrapped, wrapper, owner_key: str):
-        super().__init__(wrapped, wrapper)
+    def __init__(self, wrapped, wrapper, owner_key: str, enabled=None):
+        super().__init__(wrapped, wrapper, enabled)
         self._self_colo_shim_key = owner_key
 
     def __reduce_ex__(self, protocol):
@@ -51,6 +61,21 @@ class ShimWrapper(wrapt.FunctionWrapper):
 
     def __deepcopy__(self, memo):
         return self
+
+
+class _FunctionShimWrapper(ShimWrapper):
+    """For module-level functions only.
+
+    wrapt's C call first probes `wrapped.__self__` so that it can wrap bound methods; for a plain
+    function that raises and clears an AttributeError on every call, which costs more than the
+    rest of the call. A module attribute is never bound, so instance is always None here.
+    """
+
+    def __call__(self, *args, **kwargs):
+        enabled = self._self_enabled
+        if enabled is not None and not (enabled() if callable(enabled) else enabled):
+            return self.__wrapped__(*args, **kwargs)
+        return self._self_wrapper(self.__wrapped__, None, args, kwargs)
 
 
 def resolve_owner(module, dotted: str):
@@ -77,14 +102,22 @@ def is_ours(obj, key: str) -> bool:
     return isinstance(obj, ShimWrapper) and getattr(obj, "_self_colo_shim_key", None) == key
 
 
-def wrap(owner, name: str, wrapper, key: str):
-    """Install wrapper; returns the value to pass to unwrap() (the original own-dict entry)."""
+def wrap(owner, name: str, wrapper, key: str, enabled=None):
+    """Install wrapper; returns the value to pass to unwrap() (the original own-dict entry).
+
+    enabled is wrapt's per-call gate; the registry passes a C-level counter there so that counting
+    calls adds no Python frame.
+    """
     original = vars(owner).get(name, _MISSING)
-    if is_ours(original, key):
-        return None
     target = original if original is not _MISSING else _raw(owner, name)
-    setattr(owner, name, ShimWrapper(target, wrapper, key))
+    plain = isinstance(owner, types.ModuleType) and isinstance(target, types.FunctionType)
+    setattr(owner, name, (_FunctionShimWrapper if plain else ShimWrapper)(target, wrapper, key, enabled))
     return original
+
+
+def set_enabled(obj: ShimWrapper, enabled) -> None:
+    """Re-arm or silence a wrapper in place (wrapt allows re-running __init__ on a wrapper)."""
+    type(obj).__init__(obj, obj.__wrapped__, obj._self_wrapper, obj._self_colo_shim_key, enabled)
 
 
 def unwrap(owner, name: str, original, key: str) -> bool:

@@ -14,15 +14,17 @@ ORDERINGS = ("shim-first", "target-first", "submodule-first", "install-twice", "
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ordering_child.py")
 
 
-def run_ordering(ordering: str, patches, modules, *, setup: str = "", pythonpath=(), env=None, timeout=180) -> dict:
-    args = [ordering, ",".join(patches), ",".join(modules)] + ([setup] if setup else [])
+def run_ordering(ordering: str, patches, modules, *, setup: str = "", first=(), pythonpath=(), env=None,
+                 timeout=180) -> dict:
+    args = [ordering, ",".join(patches), ",".join(modules), setup, ",".join(first)]
     return last_json(run_python(CHILD, args=args, pythonpath=pythonpath, env=env, timeout=timeout))
 
 
-def check_orderings(patches, modules, *, expected_applied, setup="", pythonpath=(), env=None, orderings=ORDERINGS):
+def check_orderings(patches, modules, *, expected_applied, setup="", first=(), pythonpath=(), env=None,
+                    orderings=ORDERINGS):
     """Every ordering must apply exactly the expected targets, each wrapped exactly once."""
     for ordering in orderings:
-        result = run_ordering(ordering, patches, modules, setup=setup, pythonpath=pythonpath, env=env)
+        result = run_ordering(ordering, patches, modules, setup=setup, first=first, pythonpath=pythonpath, env=env)
         applied = {t for t, s in result["status"].items() if s == "applied"}
         assert applied == set(expected_applied), (ordering, result)
         for target in applied:

@@ -1,7 +1,8 @@
 """Child side of the ordering harness: import targets and install the shim in one given order.
 
 argv: ordering, comma list of patches, comma list of modules to import, optional setup module
-whose register_all() declares extra (test-only) families. Prints one JSON line: per target its
+whose register_all() declares extra (test-only) families, optional comma list of modules the
+submodule-first ordering imports before installing. Prints one JSON line: per target its
 status, how many colo-shim wrapper layers sit on the attribute (must be 1 when applied, 0 after
 uninstall), and whether the attribute is the original object after uninstall.
 """
@@ -12,6 +13,7 @@ import sys
 
 ordering, patches, modules = sys.argv[1], sys.argv[2].split(","), [m for m in sys.argv[3].split(",") if m]
 setup = sys.argv[4] if len(sys.argv) > 4 else ""
+first = [m for m in (sys.argv[5] if len(sys.argv) > 5 else "").split(",") if m]
 
 if setup:
     importlib.import_module(setup).register_all()
@@ -59,7 +61,8 @@ if ordering == "shim-first":
 elif ordering == "target-first":
     load(); install()
 elif ordering == "submodule-first":
-    importlib.import_module(modules[-1] + ".deep") if len(modules) == 1 else None
+    for name in first:  # a submodule (or sibling) that pulls the target in before the shim exists
+        importlib.import_module(name)
     install(); load()
 elif ordering == "install-twice":
     install(); load(); install()

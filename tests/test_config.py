@@ -7,6 +7,7 @@ from helpers import TARGETS, last_json, run_python
 PROBE = """
     import json, colo_shim
     from colo_shim import registry
+    colo_shim.status()  # fires the armed install
     print(json.dumps(sorted(registry._enabled)))
 """
 

@@ -5,52 +5,70 @@ drop the one Debian ships in the stdlib or the user's own; we therefore run the 
 PYTHONPATH keeps this directory so that children (spawn, Ray actors, vLLM workers) inherit it.
 A bundle keeps wrapt and packaging in `_colo_shim_vendor/`, appended at the END of sys.path so
 a host that has its own copies keeps using them.
+
+Every interpreter of a job runs this file, so it uses the import machinery already loaded at
+start-up (importlib.util and importlib.machinery would cost more than the rest of this file).
 """
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_OFF = ("", "0", "off", "false", "no")  # same test as the .pth line and colo_shim._config
 
 
-def _same_dir(entry):
-    try:
-        return os.path.samefile(entry or os.getcwd(), _HERE)
-    except OSError:
-        return False
+def _is_here(entry):
+    return os.path.abspath(entry or os.curdir) == _HERE
+
+
+def _machinery():
+    boot, external = sys.modules.get("_frozen_importlib"), sys.modules.get("_frozen_importlib_external")
+    if boot is None or external is None:  # not CPython's frozen importlib: take the public names
+        import importlib.machinery
+        import importlib.util
+
+        return importlib.machinery.PathFinder, importlib.util.module_from_spec
+    return external.PathFinder, boot.module_from_spec
 
 
 def _chain_next_sitecustomize():
-    ours = sys.modules.get("sitecustomize")
-    others = [p for p in sys.path if not _same_dir(p)]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
-    if spec is None or spec.loader is None:
+    path_finder, module_from_spec = _machinery()
+    ours = os.path.realpath(__file__)
+    others = [p for p in sys.path if not _is_here(p)]
+    spec = path_finder.find_spec("sitecustomize", others)
+    if spec is not None and spec.origin and os.path.realpath(spec.origin) == ours:
+        # this directory is also on sys.path through a symlink: drop what resolves here, look again
+        here = os.path.realpath(_HERE)
+        others = [p for p in others if os.path.realpath(p or os.curdir) != here]
+        spec = path_finder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None or (spec.origin and os.path.realpath(spec.origin) == ours):
         return
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
+    current = sys.modules.get("sitecustomize")
     sys.modules["sitecustomize"] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         print(f"colo_shim: error in chained sitecustomize {spec.origin}: {exc!r}", file=sys.stderr)
     finally:
-        if ours is not None:
-            sys.modules["sitecustomize"] = ours
+        if current is not None:
+            sys.modules["sitecustomize"] = current
         sys.modules["_colo_shim_chained_sitecustomize"] = module
 
 
 def _keep_on_pythonpath():
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if not any(_same_dir(p) for p in parts):
+    if not any(_is_here(p) for p in parts):
         os.environ["PYTHONPATH"] = os.pathsep.join([_HERE] + parts)
 
 
 def _bootstrap():
     _keep_on_pythonpath()
     _chain_next_sitecustomize()
+    if os.environ.get("COLO_SHIM", "").strip().lower() in _OFF:
+        return  # inactive: not even colo_shim is imported
     vendor = os.path.join(_HERE, "_colo_shim_vendor")
-    if os.path.isdir(vendor) and vendor not in sys.path:
+    if vendor not in sys.path and os.path.isdir(vendor):
         sys.path.append(vendor)
     try:
         from colo_shim._activate import activate

@@ -1,8 +1,9 @@
 """Declares the test family before the start-up install runs, as a real family module would be.
 
 Activation happens during interpreter start-up, before any test code can register anything, so
-the test family must already be known when colo_shim's install reads the registry. This finder
-registers it the moment colo_shim.registry finishes loading and changes nothing else; it is put
+the test family must already be known when colo_shim arms its install (colo_shim.patches names
+the families and the packages whose import triggers them) and when the install reads the
+registry. This finder adds it the moment each of those modules finishes loading, nothing else; it is put
 in place by whatever runs before the activator on each path (a chained user sitecustomize, an
 earlier .pth line, the test code before loading the vLLM plugin).
 """
@@ -11,9 +12,24 @@ import importlib.machinery
 import sys
 
 
+def _declare(module):
+    """colo_shim.patches: make 'shimtest' a known family whose first import is shimtarget."""
+    module.FAMILIES = module.FAMILIES + ("shimtest",)
+    module.TRIGGERS = dict(module.TRIGGERS, shimtest=("shimtarget",))
+
+
+def _register(module):
+    import shimtest_family
+
+    module.register(shimtest_family.PATCH)
+
+
+_AFTER_LOAD = {"colo_shim.patches": _declare, "colo_shim.registry": _register}
+
+
 class _RegistryFinder:
     def find_spec(self, name, path=None, target=None):
-        if name != "colo_shim.registry":
+        if name not in _AFTER_LOAD:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -22,9 +38,7 @@ class _RegistryFinder:
 
         def exec_module(module):
             run(module)
-            import shimtest_family
-
-            module.register(shimtest_family.PATCH)
+            _AFTER_LOAD[name](module)
 
         spec.loader.exec_module = exec_module
         return spec

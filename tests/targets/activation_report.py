@@ -6,7 +6,7 @@ target is imported afterwards, like a training script importing its libraries.
 
 import sys
 
-AT_START = sorted(m for m in ("colo_shim", "colo_shim.registry", "wrapt") if m in sys.modules)
+AT_START = sorted(m for m in ("colo_shim", "colo_shim._deferred", "colo_shim.registry", "wrapt") if m in sys.modules)
 
 import json  # noqa: E402
 import multiprocessing  # noqa: E402

@@ -1,0 +1,69 @@
+"""Wait for the first target import before paying for the registry.
+
+An activated interpreter that never imports NVRx, megatron, NeMo-RL or vLLM (a tokenizer worker,
+a Ray agent, a shell-out to `python -c`) must not pay for wrapt, logging and the families, which
+together cost more than the rest of interpreter start-up. A finder at the front of sys.meta_path
+sees every import; the first one under a requested family's top-level package installs the shim
+while that import is still being resolved, so the post-import hooks exist before any target
+submodule loads. The finder never removes itself (the import system may be iterating
+sys.meta_path at that moment); once fired it is a one-line no-op.
+"""
+
+import sys
+
+_trigger = None
+
+
+class _Trigger:
+    def __init__(self, roots, names):
+        self.roots, self.names, self.fired = frozenset(roots), names, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not self.fired and fullname.partition(".")[0] in self.roots:
+            fire()
+        return None
+
+
+def arm() -> None:
+    """Called by `import colo_shim` when COLO_SHIM is set; idempotent."""
+    global _trigger
+    if _trigger is not None:
+        return
+    from colo_shim import _config
+    from colo_shim.patches import FAMILIES, TRIGGERS
+
+    names = _config.requested_patches(FAMILIES)
+    _trigger = _Trigger({root for name in names for root in TRIGGERS[name]}, names)
+    directory = _config.status_dir()
+    if directory:
+        import atexit
+
+        atexit.register(_dump, directory)
+    if any(root in sys.modules for root in _trigger.roots):
+        fire()
+    else:
+        sys.meta_path.insert(0, _trigger)
+
+
+def fire() -> None:
+    """Install now if armed and not yet installed (first target import, or status() asked)."""
+    trigger = _trigger
+    if trigger is None or trigger.fired:
+        return
+    trigger.fired = True
+    from colo_shim import _config, registry
+
+    try:
+        registry.install(trigger.names)
+    except _config.ConfigError:
+        raise
+    except Exception as exc:  # never break the host's import
+        _config.complain(f"install failed: {type(exc).__name__}: {exc}", strict_mode=False)
+
+
+def _dump(directory: str) -> None:
+    import colo_shim
+    from colo_shim import doctor
+
+    colo_shim.status()
+    doctor.dump(directory)

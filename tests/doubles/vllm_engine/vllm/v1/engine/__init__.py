@@ -1,0 +1,1 @@
+"""Test double of vLLM (see tests/doubles/README.md)."""
