@@ -14,7 +14,8 @@ ALL_TARGETS = {f"shimtarget.sub:{a}" for a in
 
 
 def test_every_ordering_wraps_once_and_uninstall_restores_exactly():
-    check_orderings(["shimtest"], ["shimtarget.sub"], expected_applied=ALL_TARGETS, setup=SETUP, pythonpath=PATH)
+    check_orderings(["shimtest"], ["shimtarget.sub"], expected_applied=ALL_TARGETS, setup=SETUP,
+                    first=["shimtarget.sub.deep"], pythonpath=PATH)
 
 
 @pytest.mark.parametrize("ordering", ORDERINGS)
@@ -25,7 +26,8 @@ def test_every_ordering_wraps_once_and_uninstall_restores_exactly():
                         "shimtarget.sub:Engine.optional_thing": "target-missing"}),
 ])
 def test_gates_hold_in_every_ordering(ordering, patch, expected):
-    result = run_ordering(ordering, [patch], ["shimtarget.sub"], setup=SETUP, pythonpath=PATH)
+    result = run_ordering(ordering, [patch], ["shimtarget.sub"], setup=SETUP, first=["shimtarget.sub.deep"],
+                          pythonpath=PATH)
     assert result["status"] == expected, result
     assert not any(result["layers"].values()), result
 
