@@ -32,6 +32,11 @@ def doubles_root(release: str) -> str:
     return os.path.join(DOUBLES, f"nemo_rl_{release}")
 
 
+def doubles_path(release: str) -> tuple[str, str]:
+    """PYTHONPATH entries for one release's vLLM-side doubles: its root plus tests/doubles (nemo_rl_common)."""
+    return (doubles_root(release), DOUBLES)
+
+
 def clean_env(**overrides) -> dict:
     """The parent's environment without colo-shim switches, plus overrides (None deletes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM") or k == "COLO_SHIM_TEST_DEPS"}

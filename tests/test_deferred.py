@@ -2,7 +2,7 @@
 
 import importlib
 
-from helpers import TARGETS, deps_dir, doubles_root, last_json, run_python
+from helpers import TARGETS, deps_dir, doubles_path, last_json, run_python
 
 from colo_shim.patches import FAMILIES, TRIGGERS
 
@@ -44,7 +44,7 @@ def test_unrequested_family_roots_do_not_trigger():
         import json, sys, colo_shim
         import nemo_rl.models.generation.vllm.vllm_generation as g
         print(json.dumps(["colo_shim.registry" in sys.modules, type(vars(g.VllmGeneration)["finish_generation"]).__name__]))
-    """, pythonpath=(doubles_root("v0_7"),), env={"COLO_SHIM": "nvrx"})
+    """, pythonpath=doubles_path("v0_7"), env={"COLO_SHIM": "nvrx"})
     assert last_json(child) == [False, "function"]
 
 
@@ -56,5 +56,5 @@ def test_target_already_imported_before_activation_is_patched_at_once():
         os.environ["COLO_SHIM"] = "vllm"
         import colo_shim
         print(json.dumps(type(vars(g.VllmGeneration)["finish_generation"]).__name__))
-    """, pythonpath=(doubles_root("v0_7"), TARGETS))
+    """, pythonpath=(*doubles_path("v0_7"), TARGETS))
     assert last_json(child) == "ShimWrapper"

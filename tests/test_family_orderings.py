@@ -7,7 +7,7 @@ targets, each wrapped once, and uninstall must restore every original object.
 
 import pytest
 
-from helpers import deps_dir, doubles_root
+from helpers import deps_dir, doubles_path
 from ordering import check_orderings, run_ordering
 
 NVRX = "nvidia_resiliency_ext.checkpointing.async_ckpt"
@@ -23,7 +23,7 @@ FAMILIES = {
         first=[f"{MCORE}.distributed"],
         must=[f"{MCORE}.optimizer.optimizer:MegatronOptimizer.offload_to_cpu"]),
     "vllm-nemo_rl-v0.7": dict(
-        patches=["vllm"], path=lambda: (doubles_root("v0_7"),),
+        patches=["vllm"], path=lambda: doubles_path("v0_7"),
         modules=["nemo_rl.models.generation.vllm.vllm_generation"], first=["nemo_rl.models.generation.vllm"],
         must=["nemo_rl.models.generation.vllm.vllm_generation:VllmGeneration.finish_generation"]),
 }

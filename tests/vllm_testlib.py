@@ -28,7 +28,8 @@ def dist_info(tmp_root: str, version: str) -> str:
 
 
 def env_for(layout: str, vllm_dir: str, bootstrap: bool = False, extra: dict | None = None) -> dict:
-    parts = [REPO, os.path.join(DOUBLES, f"nemo_rl_{layout}"), os.path.join(DOUBLES, "vllm_engine"), vllm_dir, TESTS]
+    parts = [REPO, os.path.join(DOUBLES, f"nemo_rl_{layout}"), DOUBLES, os.path.join(DOUBLES, "vllm_engine"), vllm_dir,
+             TESTS]  # DOUBLES: nemo_rl_common, shared by the release roots
     if bootstrap:
         parts.insert(0, os.path.join(REPO, "colo_shim", "bootstrap"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLO_SHIM", "RAY_"))}

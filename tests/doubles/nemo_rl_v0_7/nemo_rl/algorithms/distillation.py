@@ -10,23 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from nemo_rl.algorithms.grpo import refit_policy_generation
 from nemo_rl.algorithms.utils import repeat_batch
 from nemo_rl.experience.rollouts import run_multi_turn_rollout
+from nemo_rl_common import grpo as _shared
 
 
 def validate(policy_generation, val_dataloader, tokenizer, val_task_to_env, step: int, master_config,
              logger=None) -> tuple[dict[str, Any], dict[str, Any]]:
-    if val_dataloader is None:
-        return {}, {}
-    rewards = []
-    for val_batch in val_dataloader:
-        batch, _ = run_multi_turn_rollout(policy_generation, val_batch, tokenizer, val_task_to_env,
-                                          max_seq_len=master_config.policy["max_total_sequence_length"], greedy=True)
-        rewards.append(batch["total_reward"])
-    return {"accuracy": float(torch.cat(rewards).mean())}, {}
+    return _shared.validation_results(policy_generation, val_dataloader, tokenizer, val_task_to_env,
+                                      master_config.policy["max_total_sequence_length"], {})
 
 
 def distillation_train(student_policy, teacher_policy, student_generation, dataloader, val_dataloader, tokenizer,
@@ -39,20 +33,16 @@ def distillation_train(student_policy, teacher_policy, student_generation, datal
     val_period = master_config.distillation["val_period"]
     colocated_inference = master_config.policy["generation"]["colocated"]["enabled"]
     if master_config.distillation["val_at_start"] and step == 0:
-        if NEED_REFIT and STUDENT_GENERATION_STALE:
-            refit_policy_generation(student_policy, student_generation, colocated_inference)
-            STUDENT_GENERATION_STALE = False
-        else:
-            student_generation.prepare_for_generation()
+        STUDENT_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, student_policy, student_generation,
+                                                            colocated_inference, NEED_REFIT, STUDENT_GENERATION_STALE,
+                                                            offload=False)
         val_metrics, _ = validate(student_generation, val_dataloader, tokenizer, val_task_to_env, step=0,
                                   master_config=master_config, logger=logger)
         student_generation.finish_generation()
     for batch in dataloader:
-        if NEED_REFIT and STUDENT_GENERATION_STALE:
-            refit_policy_generation(student_policy, student_generation, colocated_inference)
-            STUDENT_GENERATION_STALE = False
-        else:
-            student_generation.prepare_for_generation()
+        STUDENT_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, student_policy, student_generation,
+                                                            colocated_inference, NEED_REFIT, STUDENT_GENERATION_STALE,
+                                                            offload=False)
         repeated_batch = repeat_batch(batch, master_config.distillation["num_generations_per_prompt"])
         repeated_batch, _ = run_multi_turn_rollout(student_generation, repeated_batch, tokenizer, task_to_env,
                                                    max_seq_len=master_config.policy["max_total_sequence_length"],
@@ -63,11 +53,9 @@ def distillation_train(student_policy, teacher_policy, student_generation, datal
         STUDENT_GENERATION_STALE = True
         student_policy.train(repeated_batch, loss_fn)
         if val_period > 0 and (step + 1) % val_period == 0:
-            if NEED_REFIT and STUDENT_GENERATION_STALE:
-                refit_policy_generation(student_policy, student_generation, colocated_inference)
-                STUDENT_GENERATION_STALE = False
-            else:
-                student_generation.prepare_for_generation()
+            STUDENT_GENERATION_STALE = _shared.refit_or_prepare(
+                refit_policy_generation, student_policy, student_generation, colocated_inference, NEED_REFIT,
+                STUDENT_GENERATION_STALE, offload=False)
             val_metrics, _ = validate(student_generation, val_dataloader, tokenizer, val_task_to_env,
                                       step=step + 1, master_config=master_config, logger=logger)
             student_generation.finish_generation()

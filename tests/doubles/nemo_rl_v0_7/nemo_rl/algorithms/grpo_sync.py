@@ -11,25 +11,18 @@ import os
 from typing import Any
 
 import ray
-import torch
 
 from nemo_rl.algorithms.grpo import refit_policy_generation
 from nemo_rl.algorithms.utils import repeat_batch
-from nemo_rl.experience.rollouts import run_multi_turn_rollout
 from nemo_rl.experience.sync_rollout_actor import SyncRolloutActor
+from nemo_rl_common import grpo as _shared
 
 
 def validate_sync(policy_generation, val_dataloader, tokenizer, val_task_to_env, step: int, master_config,
                   logger=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Caller owns prepare_for_generation / finish_generation around the call."""
-    if val_dataloader is None:
-        return {}, {}
-    rewards = []
-    for val_batch in val_dataloader:
-        batch, _ = run_multi_turn_rollout(policy_generation, val_batch, tokenizer, val_task_to_env,
-                                          max_seq_len=master_config.policy["max_total_sequence_length"], greedy=True)
-        rewards.append(batch["total_reward"])
-    return {"accuracy": float(torch.cat(rewards).mean())}, {}
+    return _shared.validation_results(policy_generation, val_dataloader, tokenizer, val_task_to_env,
+                                      master_config.policy["max_total_sequence_length"], {})
 
 
 def grpo_train_sync(policy, policy_generation, wrapped_dataloader, val_dataloader, tokenizer, loss_fn, task_to_env,
@@ -49,13 +42,8 @@ def grpo_train_sync(policy, policy_generation, wrapped_dataloader, val_dataloade
         validate_sync(policy_generation, val_dataloader, tokenizer, val_task_to_env, step=0, master_config=master_config)
         policy_generation.finish_generation()
     for batch in wrapped_dataloader:
-        if NEED_REFIT and POLICY_GENERATION_STALE:
-            refit_policy_generation(policy, policy_generation, colocated_inference)
-            POLICY_GENERATION_STALE = False
-        else:
-            if colocated_inference:
-                policy.offload_after_refit()
-            policy_generation.prepare_for_generation()
+        POLICY_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, policy, policy_generation,
+                                                           colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE)
         repeated_batch = repeat_batch(batch, master_config.grpo["num_generations_per_prompt"])
         repeated_batch, _ = ray.get(rollout_actor.rollout_to_tq.remote(
             repeated_batch, partition_id=f"step-{total_steps}", finish_generation=True))
@@ -63,11 +51,9 @@ def grpo_train_sync(policy, policy_generation, wrapped_dataloader, val_dataloade
         POLICY_GENERATION_STALE = True
         policy.train(repeated_batch, loss_fn)
         if val_period > 0 and (total_steps + 1) % val_period == 0:
-            if NEED_REFIT and POLICY_GENERATION_STALE:
-                refit_policy_generation(policy, policy_generation, colocated_inference)
-                POLICY_GENERATION_STALE = False
-            else:
-                policy_generation.prepare_for_generation()
+            POLICY_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, policy, policy_generation,
+                                                               colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE,
+                                                               offload=False)
             validate_sync(policy_generation, val_dataloader, tokenizer, val_task_to_env, step=total_steps + 1,
                           master_config=master_config)
             policy_generation.finish_generation()

@@ -10,23 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from nemo_rl.algorithms.grpo import refit_policy_generation
 from nemo_rl.algorithms.utils import repeat_batch
 from nemo_rl.experience.rollouts import run_multi_turn_rollout
+from nemo_rl_common import grpo as _shared
 
 
 def validate(policy_generation, val_dataloader, tokenizer, val_task_to_env, step: int, master_config,
              logger=None) -> tuple[dict[str, Any], dict[str, Any]]:
-    if val_dataloader is None:
-        return {}, {}
-    rewards = []
-    for val_batch in val_dataloader:
-        batch, _ = run_multi_turn_rollout(policy_generation, val_batch, tokenizer, val_task_to_env,
-                                          max_seq_len=master_config.policy["max_total_sequence_length"], greedy=True)
-        rewards.append(batch["total_reward"])
-    return {"accuracy": float(torch.cat(rewards).mean())}, {}
+    return _shared.validation_results(policy_generation, val_dataloader, tokenizer, val_task_to_env,
+                                      master_config.policy["max_total_sequence_length"], {})
 
 
 def ppo_train(policy, policy_generation, value_model, dataloader, val_dataloader, tokenizer, loss_fn, value_loss_fn,
@@ -40,21 +34,14 @@ def ppo_train(policy, policy_generation, value_model, dataloader, val_dataloader
     val_period = master_config.ppo["val_period"]
     colocated_inference = master_config.policy["generation"]["colocated"]["enabled"]
     if master_config.ppo["val_at_start"] and current_step == 0:
-        if NEED_REFIT and POLICY_GENERATION_STALE:
-            refit_policy_generation(policy, policy_generation, colocated_inference)
-            POLICY_GENERATION_STALE = False
-        else:
-            policy_generation.prepare_for_generation()
+        POLICY_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, policy, policy_generation,
+                                                           colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE,
+                                                           offload=False)
         validate(policy_generation, val_dataloader, tokenizer, val_task_to_env, step=0, master_config=master_config)
         policy_generation.finish_generation()
     for batch in dataloader:
-        if NEED_REFIT and POLICY_GENERATION_STALE:
-            refit_policy_generation(policy, policy_generation, colocated_inference)
-            POLICY_GENERATION_STALE = False
-        else:
-            if colocated_inference:
-                policy.offload_after_refit()
-            policy_generation.prepare_for_generation()
+        POLICY_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, policy, policy_generation,
+                                                           colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE)
         repeated_batch = repeat_batch(batch, master_config.ppo["num_generations_per_prompt"])
         repeated_batch, _ = run_multi_turn_rollout(policy_generation, repeated_batch, tokenizer, task_to_env,
                                                    max_seq_len=master_config.policy["max_total_sequence_length"],
@@ -69,13 +56,8 @@ def ppo_train(policy, policy_generation, value_model, dataloader, val_dataloader
             policy.train(repeated_batch, loss_fn)
             policy.finish_training()
         if val_period > 0 and (total_steps + 1) % val_period == 0:
-            if NEED_REFIT and POLICY_GENERATION_STALE:
-                refit_policy_generation(policy, policy_generation, colocated_inference)
-                POLICY_GENERATION_STALE = False
-            else:
-                if colocated_inference:
-                    policy.offload_after_refit()
-                policy_generation.prepare_for_generation()
+            POLICY_GENERATION_STALE = _shared.refit_or_prepare(refit_policy_generation, policy, policy_generation,
+                                                               colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE)
             validate(policy_generation, val_dataloader, tokenizer, val_task_to_env, step=total_steps + 1,
                      master_config=master_config)
             policy_generation.finish_generation()
