@@ -1,0 +1,94 @@
+"""A minimal NVRx async-save driver shared by `colo-shim demo`, the benchmark and the tests.
+
+It plays the host job: real NVRx planning, real persistent worker, real torch.distributed
+checkpoint files. It differs from Megatron's driver only where NVRx assumes CUDA: on a machine
+without a GPU the staging copy is blocking (NVRx would call torch.cuda.synchronize()) and the
+finalize step checks write failures with gloo object collectives instead of a CUDA tensor.
+It works with every NVRx version the shim supports (0.4.1 .. 0.7.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.distributed as dist
+from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async, state_dict_saver
+
+
+def _accepted(fn, **kwargs) -> dict:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def make_queue(*, shm: bool = False) -> core.AsyncCallsQueue:
+    """A persistent queue; shm selects NVRx's CPU shared-memory worker (no CUDA in the worker)."""
+    return core.AsyncCallsQueue(**_accepted(core.AsyncCallsQueue.__init__, persistent=True, is_daemon=True,
+                                            cpu_shm_mode=shm))
+
+
+def _finalize(writer, metadata, dist_wrapper) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.utils import _get_failure_dict
+
+    results = writer.retrieve_write_results()
+    all_results = dist_wrapper.gather_object(results)
+    failures = {}
+    if dist_wrapper.is_coordinator:
+        failures = _get_failure_dict(all_results)
+        if not failures:
+            writer.finish(metadata, all_results)
+    flag = [bool(failures)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(flag, src=dist_wrapper.coordinator_rank)
+    if flag[0]:
+        raise CheckpointException("write", failures)
+
+
+def async_save(queue, state_dict: dict, path: str, *, cached: bool = True, shm: bool = False,
+               writer_cls=None, wrap=None) -> int:
+    """Schedule one async save of state_dict (tensors) to path; returns the call index.
+
+    wrap(save_fn) -> picklable callable lets a test slow down or break the worker-side write."""
+    writer_cls = writer_cls or filesystem_async.FileSystemWriterAsync
+    writer = writer_cls(path, **_accepted(writer_cls.__init__, thread_count=1, is_multiproc_io=False,
+                                          use_cached_data_structure=cached, use_cpu_shm_for_gpu_tensors=shm))
+    writer, metadata, dist_wrapper = state_dict_saver.save_state_dict_async_plan(state_dict, writer)[:3]
+    save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+    if wrap is not None:
+        save_fn = wrap(save_fn)
+    if preload_fn is not None and not torch.cuda.is_available():
+        preload_fn = functools.partial(preload_fn.func, *preload_fn.args[:-1], False)
+    request = core.AsyncRequest(save_fn, save_args, [functools.partial(_finalize, writer, metadata, dist_wrapper)],
+                                async_fn_kwargs={}, preload_fn=preload_fn)
+    return queue.schedule_async_request(request)
+
+
+def finalize(queue) -> list:
+    return queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+
+
+def load(path: str, like: dict) -> dict:
+    """Read a checkpoint back into CPU tensors shaped like `like`."""
+    import torch.distributed.checkpoint as dcp
+
+    out = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in like.items()}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(path))
+    return out
+
+
+def init_single_rank(port: int | None = None) -> None:
+    """gloo process group of one rank, enough for NVRx planning and finalization."""
+    import os
+    import socket
+
+    if dist.is_initialized():
+        return
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)

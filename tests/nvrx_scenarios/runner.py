@@ -1,0 +1,84 @@
+"""Runs one scenario in its own process session so that a hung trainer and its NVRx worker are
+both killed at the deadline (a plain subprocess timeout would leave the spawned worker behind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from helpers import PYTHON, REPO, clean_env, deps_dir
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIO = os.path.join(HERE, "scenario.py")
+
+
+@dataclass
+class Outcome:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+    @property
+    def result(self):
+        lines = [line for line in self.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise AssertionError(f"no result (rc={self.returncode}, timed out={self.timed_out})\n"
+                                 f"--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}")
+        return json.loads(lines[-1])
+
+
+def pythonpath(nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = None) -> str:
+    parts = [REPO, HERE, deps_dir("nvrx", nvrx)]
+    if mcore:
+        parts.append(deps_dir("mcore", mcore))
+    if doubles:
+        parts.append(os.path.join(REPO, "tests", "doubles", f"nemo_rl_{doubles}"))
+    return os.pathsep.join(parts)
+
+
+def run(name: str, opts: dict, *, nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = None,
+        timeout: float = 90, env: dict | None = None, until=None, script: str = SCENARIO) -> Outcome:
+    """until(stdout, stderr) -> bool stops early (and kills) once a condition is seen."""
+    full_env = clean_env(**(env or {}))
+    full_env["PYTHONPATH"] = pythonpath(nvrx, mcore, doubles)
+    out_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"colo_scn_{os.getpid()}_{time.monotonic_ns()}")
+    with open(out_path + ".out", "w+") as out, open(out_path + ".err", "w+") as err:
+        proc = subprocess.Popen([PYTHON, script, name, json.dumps(opts)], stdout=out, stderr=err, env=full_env,
+                                cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL)
+        deadline, timed_out = time.monotonic() + timeout, False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                if until is not None and until(_read(out_path + ".out"), _read(out_path + ".err")):
+                    timed_out = True  # still running when the condition held: reported as not exited
+                    break
+                time.sleep(0.2)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the trainer and any worker it left
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        outcome = Outcome(None if timed_out else proc.returncode, _read(out_path + ".out"),
+                          _read(out_path + ".err"), timed_out)
+    for suffix in (".out", ".err"):
+        os.unlink(out_path + suffix)
+    return outcome
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+if __name__ == "__main__":  # manual use: python runner.py NAME JSON NVRX
+    sys.path.insert(0, os.path.dirname(HERE))
+    print(run(sys.argv[1], json.loads(sys.argv[2]), nvrx=sys.argv[3]).stdout)

@@ -1,0 +1,377 @@
+"""Child-process scenarios for the checkpoint-fence tests: `python scenario.py NAME '{json options}'`.
+
+Each runs real NVRx (the version on PYTHONPATH), a real spawned persistent worker and real
+torch.distributed (gloo), on the CPU shared-memory path because this machine has no GPU. The
+shim is on only when the option "shim" is true. The last stdout line is the JSON result.
+"""
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _setup(opts):
+    if opts.get("shim"):
+        import colo_shim
+
+        colo_shim.install(opts.get("families", ["nvrx", "megatron"]))
+    from colo_shim import checkpoint_saver
+
+    checkpoint_saver.init_single_rank()
+    return checkpoint_saver
+
+
+def _state(step):
+    import torch
+
+    torch.manual_seed(step)
+    return {"w": torch.randn(256), "m": torch.randn(64, 8), "v": torch.rand(64, 8)}
+
+
+def _equal(cs, path, live):
+    import torch
+
+    got = cs.load(path, live)
+    return all(torch.equal(got[k], live[k]) for k in live)
+
+
+def cycle(opts):
+    """save -> offload (storage replaced) -> reload (new address, new values) -> save, N times."""
+    cs = _setup(opts)
+    import colo_shim
+
+    root = tempfile.mkdtemp()
+    q = cs.make_queue(shm=True)
+    live = _state(0)
+    results, reports = [], []
+    for i in range(opts.get("cycles", 3)):
+        cs.async_save(q, live, f"{root}/c{i}", cached=True, shm=True)
+        snapshot = {k: v.clone() for k, v in live.items()}
+        if opts.get("shim"):
+            if opts.get("force_release"):
+                from colo_shim import checkpoint_fence
+
+                checkpoint_fence.note_cuda_sent(q)  # on CPU nothing is sent as CUDA; exercise the release path
+            reports.append(colo_shim.fence(f"cycle {i}").as_dict())
+        else:
+            cs.finalize(q)
+        offloaded = {k: v.to("cpu", copy=True) for k, v in live.items()}
+        for v in live.values():
+            v.untyped_storage().resize_(0)
+        live = {k: (v + i + 1).clone() for k, v in offloaded.items()}  # reload: new storage, new values
+        results.append(_equal(cs, f"{root}/c{i}", snapshot))
+    cs.async_save(q, live, f"{root}/last", cached=True, shm=True)
+    cs.finalize(q)
+    results.append(_equal(cs, f"{root}/last", live))
+    q.close()
+    return {"equal": results, "reports": reports}
+
+
+def close_then_save(opts):
+    """Three cached saves, close(), one more save: upstream blocks in preload_q.join() forever."""
+    cs = _setup(opts)
+    root = tempfile.mkdtemp()
+    q = cs.make_queue(shm=True)
+    live = _state(1)
+    for i in range(3):
+        live["w"].add_(1)
+        cs.async_save(q, live, f"{root}/s{i}", cached=True, shm=True)
+        cs.finalize(q)
+    q.close(**({"abort": True} if opts.get("abort") else {}))
+    print("closed", flush=True)
+    live["w"].add_(1)
+    cs.async_save(q, live, f"{root}/after", cached=True, shm=True)
+    cs.finalize(q)
+    ok = _equal(cs, f"{root}/after", live)
+    q.close()
+    return {"equal": ok}
+
+
+def _slow_request(cs, q, live, path, mode, seconds=30.0):
+    """Schedule a real save whose worker-side write first sleeps or breaks its target dir."""
+    import functools
+
+    import slow_io
+
+    cs.async_save(q, live, path, cached=True, shm=True,
+                  wrap=lambda fn: functools.partial(slow_io.wrapped_write, mode, seconds, path, fn))
+
+
+def dead_worker(opts):
+    """The worker dies with a save pending: the fence raises, never hangs."""
+    cs = _setup(opts)
+    import colo_shim
+
+    q = cs.make_queue(shm=True)
+    _slow_request(cs, q, _state(2), tempfile.mkdtemp() + "/d", "sleep")
+    os.kill(q.persistent_caller.process.pid, signal.SIGKILL)
+    print("killed", flush=True)
+    t0 = time.monotonic()
+    try:
+        if opts.get("shim"):
+            colo_shim.fence("dead worker")
+        else:
+            cs.finalize(q)
+        return {"raised": None}
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
+
+
+def timeout(opts):
+    """A save slower than COLO_SHIM_FENCE_TIMEOUT: FenceTimeout names the rank and the queue."""
+    cs = _setup(opts)
+    import colo_shim
+
+    q = cs.make_queue(shm=True)
+    _slow_request(cs, q, _state(3), tempfile.mkdtemp() + "/t", "sleep", seconds=20)
+    t0 = time.monotonic()
+    try:
+        colo_shim.fence("timeout")
+        return {"raised": None}
+    except Exception as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
+    return out
+
+
+def failing_write(opts):
+    """The worker's write fails: the caller sees the same CheckpointException as without the shim."""
+    cs = _setup(opts)
+    import colo_shim
+
+    q = cs.make_queue(shm=True)
+    out = []
+    for via in opts.get("vias", ["finalize"]):
+        _slow_request(cs, q, _state(4), tempfile.mkdtemp() + "/f", "break", seconds=0)
+        try:
+            if via == "optimizer":
+                _chained_optimizer().offload_to_cpu()
+            elif via == "fence":
+                colo_shim.fence("failing write")
+            else:
+                cs.finalize(q)
+            out.append({"via": via, "raised": None})
+        except BaseException as exc:  # torch's CheckpointException is a BaseException
+            out.append({"via": via, "raised": type(exc).__name__, "message": str(exc)[:3000],
+                        "pending_after": q.get_num_unfinalized_calls()})
+    return {"results": out}
+
+
+def _chained_optimizer():
+    """Real megatron-core ChainedOptimizer over a real FP32Optimizer built without CUDA.
+
+    FP32Optimizer.__init__ allocates its loss scale on 'cuda', so the FP32Optimizer is made with
+    __new__ and the real MegatronOptimizer.__init__ (CPU-safe); offload_to_cpu is the real method.
+    """
+    import torch
+    from megatron.core.optimizer.optimizer import ChainedOptimizer, FP32Optimizer, MegatronOptimizer
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+    param = torch.nn.Parameter(torch.randn(16))
+    adam = torch.optim.Adam([param])
+    param.grad = torch.ones_like(param)
+    adam.step()
+    inner = FP32Optimizer.__new__(FP32Optimizer)
+    MegatronOptimizer.__init__(inner, adam, OptimizerConfig(), lambda opt, config=None: None)
+    inner.is_stub_optimizer = False
+    return ChainedOptimizer([inner])
+
+
+def _minimal_buffer():
+    """Real _ParamAndGradBuffer/DistributedDataParallel methods on minimal instances.
+
+    Both constructors need megatron parallel state and allocate on torch.cuda.current_device(),
+    which a CPU machine cannot give; the offload methods themselves only touch the fields set
+    here, so the real unbound methods run unchanged.
+    """
+    import torch
+    from megatron.core.distributed.distributed_data_parallel import DistributedDataParallel
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+
+    buf = _ParamAndGradBuffer.__new__(_ParamAndGradBuffer)
+    buf.grad_data, buf.param_data, buf.param_data_cpu, buf.grad_data_size = torch.ones(1024), None, None, 0
+    ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+    torch.nn.Module.__init__(ddp)
+    ddp.buffers, ddp.expert_parallel_buffers = [buf], []
+    return buf, ddp
+
+
+def offload_entry(opts):
+    """A save is in flight each time a megatron-core entry point replaces storage."""
+    cs = _setup(opts)
+    q = cs.make_queue(shm=True)
+    out = {}
+    for entry in opts["entries"]:
+        _slow_request(cs, q, _state(5), tempfile.mkdtemp() + "/o", "sleep", seconds=0.3)
+        buf, ddp = _minimal_buffer()
+        if entry == "buffer":
+            buf.offload_to_cpu(move_params=False, move_grads=True)
+        elif entry == "ddp":
+            ddp.offload_grad_buffers(synchronize=False, empty_cache=True)
+        elif entry == "optimizer":
+            _chained_optimizer().chained_optimizers[0].offload_to_cpu()
+        elif entry == "chained":
+            _chained_optimizer().offload_to_cpu()
+        out[entry] = {"pending_after": q.get_num_unfinalized_calls(),
+                      "storage_freed": buf.grad_data.untyped_storage().size() == 0}
+        cs.finalize(q)
+    q.close()
+    out["calls"] = _calls()
+    return out
+
+
+def _calls():
+    import colo_shim
+
+    return {s["target"].split(":")[1]: s["calls"] for s in colo_shim.status() if s["calls"]}
+
+
+def restart_rewarm(opts):
+    """restart strategy: the writer is closed at the fence and re-warmed when storage returns."""
+    cs = _setup(opts)
+    import colo_shim
+    from colo_shim import checkpoint_fence
+
+    q = cs.make_queue(shm=True)
+    live = _state(6)
+    root = tempfile.mkdtemp()
+    cs.async_save(q, live, f"{root}/a", cached=True, shm=True)
+    checkpoint_fence.note_cuda_sent(q)  # CPU: nothing is sent as CUDA; exercise the release path
+    buf, _ = _minimal_buffer()
+    buf.offload_to_cpu(move_params=False, move_grads=True)
+    closed = q.persistent_caller is None
+    buf.reload_from_cpu(move_params=False, move_grads=True)
+    warm = getattr(type(q), "_warmup_persistent_caller", None)
+    warm_info = None if warm is None else {"alive": warm.process.is_alive(), "cpu_shm_mode": warm.cpu_shm_mode,
+                                           "cpu_priority": warm.cpu_priority}
+    live["w"].add_(1)
+    t0 = time.monotonic()
+    cs.async_save(q, live, f"{root}/b", cached=True, shm=True)
+    cs.finalize(q)
+    q.close()
+    return {"closed_at_fence": closed, "warm": warm_info, "equal": _equal(cs, f"{root}/b", live),
+            "save_after_s": time.monotonic() - t0, "calls": _calls()}
+
+
+def nemo_rl_worker(opts):
+    """NeMo-RL Megatron policy worker double: offload entry points with a save in flight."""
+    cs = _setup(opts)
+    import importlib
+
+    import torch
+    from colo_shim import checkpoint_fence
+
+    for name in ("nemo_rl.models.policy.workers.megatron_policy_worker", "nemo_rl.models.policy.megatron_policy_worker"):
+        try:
+            mod = importlib.import_module(name)
+            break
+        except ImportError:
+            continue
+    cls = getattr(mod, "MegatronPolicyWorkerImpl", None) or mod.MegatronPolicyWorker.__ray_actor_class__
+    model = torch.nn.Linear(8, 8)
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 8)).sum().backward()
+    adam.step()
+    kwargs = {"worker_sharding_annotations": None}
+    if "pre_init_communication_queue" in cls.__init__.__code__.co_varnames:
+        kwargs["pre_init_communication_queue"] = None
+    worker = cls({"model": model, "optimizer": adam}, None, **kwargs)
+    q = cs.make_queue(shm=True)
+    worker.async_calls_queue = q
+    out = {"module": mod.__name__, "class": cls.__name__}
+    for method in opts["methods"]:
+        _slow_request(cs, q, _state(7), tempfile.mkdtemp() + "/n", "sleep", seconds=0.3)
+        before = checkpoint_fence.totals()
+        if method == "move_model_cpu":
+            worker.move_model(worker.model, "cpu")
+        elif method == "move_model_cuda":
+            worker.move_model(worker.model, "cuda")
+        elif method == "move_optimizer_cpu":
+            worker.move_optimizer("cpu")
+        else:
+            getattr(worker, method)()
+        after = checkpoint_fence.totals()
+        out[method] = {"pending_after": q.get_num_unfinalized_calls(),
+                       "fences": after["fences"] - before["fences"],
+                       "finalized_by_shim": after["finalized"] - before["finalized"]}
+        cs.finalize(q)
+    import colo_shim
+
+    out["status"] = {s["target"].split(":")[1]: [s["status"], s["calls"]] for s in colo_shim.status()
+                     if s["target"].startswith(mod.__name__) and s["status"] != "pending"}
+    out["events"] = worker.events
+    q.close()
+    return out
+
+
+def two_ranks(opts):
+    """Two gloo ranks, each with its own worker: collective finalize, idle fences do no collective."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tempfile.mkdtemp()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, root, opts, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
+    for p in procs:
+        p.join(timeout=30)
+    return {"ranks": out}
+
+
+def _rank_main(rank, port, root, opts, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+    import torch
+    import torch.distributed as dist
+
+    if opts.get("shim"):
+        import colo_shim
+
+        colo_shim.install(["nvrx", "megatron"])
+    from colo_shim import checkpoint_fence, checkpoint_saver as cs
+
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    q = cs.make_queue(shm=True)
+    torch.manual_seed(rank)
+    live = {f"r{rank}.w": torch.randn(128), f"r{rank}.m": torch.randn(32)}
+    equal, finalized = [], []
+    for i in range(opts.get("cycles", 2)):
+        cs.async_save(q, live, f"{root}/s{i}", cached=True, shm=True)
+        snapshot = {k: v.clone() for k, v in live.items()}
+        finalized.append(checkpoint_fence.fence(f"rank {rank} cycle {i}").calls_finalized)
+        got = cs.load(f"{root}/s{i}", snapshot)
+        equal.append(all(torch.equal(got[k], snapshot[k]) for k in snapshot))
+        live = {k: v + 1 for k, v in live.items()}
+    idle = []
+    if rank == 0:  # rank 1 is not fencing: an idle fence must not enter any collective
+        for _ in range(2000):
+            t0 = time.perf_counter()
+            checkpoint_fence.fence("idle")
+            idle.append(time.perf_counter() - t0)
+    dist.barrier()
+    q.close()
+    idle.sort()
+    results.put({"rank": rank, "equal": equal, "finalized": finalized,
+                 "idle_median_us": idle[len(idle) // 2] * 1e6 if idle else None})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    name, options = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
+    result = globals()[name](options)
+    print(json.dumps(result), flush=True)
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # no orphan workers, even after a failure
+        child.kill()
+    os._exit(0)  # skip NVRx __del__ joins at teardown: the result is already out

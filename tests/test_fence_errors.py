@@ -1,0 +1,77 @@
+"""Failures surface as errors, never as hangs, and write errors look as they do without the shim."""
+
+import time
+
+from helpers import last_json, run_python
+from nvrx_scenarios import runner
+
+
+def test_dead_worker_raises_instead_of_hanging():
+    result = runner.run("dead_worker", {"shim": True}, nvrx="0.4.1", timeout=90).result
+    assert result["raised"] == "CheckpointWorkerDied"
+    assert "rank 0" in result["message"] and "AsyncCallsQueue" in result["message"]
+    assert result["seconds"] < 10
+
+
+def test_dead_worker_hangs_without_shim():
+    """Upstream's blocking finalize polls a dead worker forever; bounded here."""
+    seen = {}
+
+    def stuck(out, err):
+        if "killed" in out:
+            seen.setdefault("at", time.monotonic())
+        return "at" in seen and time.monotonic() - seen["at"] > 6
+
+    outcome = runner.run("dead_worker", {"shim": False}, nvrx="0.7.0", timeout=90, until=stuck)
+    assert "at" in seen and outcome.returncode is None and '"raised"' not in outcome.stdout
+
+
+def test_failing_write_surfaces_like_upstream():
+    plain = runner.run("failing_write", {}, nvrx="0.7.0", timeout=90).result["results"]
+    assert plain[0]["raised"] == "CheckpointException" and "Not a directory" in plain[0]["message"]
+    shim = runner.run("failing_write", {"shim": True, "vias": ["fence", "optimizer"]}, nvrx="0.7.0",
+                      timeout=120).result["results"]
+    for result in shim:
+        assert result["raised"] == plain[0]["raised"], result
+        assert "Not a directory" in result["message"]
+
+
+def test_fence_timeout_names_rank_and_queue():
+    outcome = runner.run("timeout", {"shim": True}, nvrx="0.7.0", timeout=90,
+                         env={"COLO_SHIM_FENCE_TIMEOUT": "1.5"})
+    result = outcome.result
+    assert result["raised"] == "FenceTimeout"
+    assert "rank 0" in result["message"] and "AsyncCallsQueue" in result["message"]
+    assert "COLO_SHIM_FENCE_TIMEOUT" in result["message"]
+    assert 1.5 <= result["seconds"] < 8
+
+
+def test_idle_fence_imports_nothing_and_reports_zero():
+    proc = run_python("""
+        import json, sys
+        import colo_shim
+        colo_shim.install(["nvrx", "megatron"])
+        report = colo_shim.fence("idle")
+        print(json.dumps({"torch": "torch" in sys.modules, "report": report.as_dict()}))
+    """, timeout=60)
+    out = last_json(proc)
+    assert out["torch"] is False
+    assert out["report"]["calls_finalized"] == 0 and out["report"]["released"] == []
+
+
+def test_bad_release_value_warns_once_and_uses_default():
+    proc = run_python("""
+        import json
+        from colo_shim import nvrx_release
+        print(json.dumps(nvrx_release.strategy()))
+    """, env={"COLO_SHIM_NVRX_RELEASE": "sometimes"}, timeout=60)
+    assert last_json(proc) == "inplace"
+    assert "inplace, restart, none" in proc.stderr and "COLO_SHIM_NVRX_RELEASE" in proc.stderr
+
+
+def test_bad_release_value_is_an_error_when_strict():
+    proc = run_python("""
+        from colo_shim import nvrx_release
+        nvrx_release.strategy()
+    """, env={"COLO_SHIM_NVRX_RELEASE": "sometimes", "COLO_SHIM_STRICT": "1"}, timeout=60, check=False)
+    assert proc.returncode != 0 and "ConfigError" in proc.stderr
