@@ -27,8 +27,6 @@ GIB = 1 << 30
 
 
 def child(args) -> dict:
-    import gc
-
     import torch
 
     shim = args.mode != "noshim"
@@ -78,12 +76,7 @@ def child(args) -> dict:
     if shim:
         report = colo_shim.fence("bench offload")
         out["release_s"], out["release"] = report.seconds, report.released
-    cpu = {k: v.to("cpu", copy=True) for k, v in state.items()}
-    for v in state.values():
-        v.untyped_storage().resize_(0)
-    gc.collect()
-    if gpu:
-        torch.cuda.empty_cache()
+    cpu = cs.offload(state)
     out["held_gib"] = reserved() / GIB
     out["held_fraction"] = reserved() / cached
     out["freed_gib"] = (reserved_before - reserved()) / GIB

@@ -92,3 +92,16 @@ def init_single_rank(port: int | None = None) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def offload(tensors: dict) -> dict:
+    """Colocated-training offload in miniature: CPU copies, then free the device storage in place."""
+    import gc
+
+    copies = {k: v.to("cpu", copy=True) for k, v in tensors.items()}
+    for t in tensors.values():
+        t.untyped_storage().resize_(0)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return copies

@@ -23,8 +23,6 @@ MIB = 1 << 20
 
 
 def _child(args) -> dict:
-    import gc
-
     import torch
 
     if args.shim:
@@ -75,12 +73,7 @@ def _child(args) -> dict:
     live = state()
     cached = sum(t.numel() * t.element_size() for t in live.values())
     reserved = torch.cuda.memory_reserved() if gpu else None
-    offloaded = {k: v.to("cpu", copy=True) for k, v in live.items()}
-    for t in live.values():
-        t.untyped_storage().resize_(0)
-    gc.collect()
-    if gpu:
-        torch.cuda.empty_cache()
+    offloaded = cs.offload(live)
     held = torch.cuda.memory_reserved() if gpu else None
     for name, t in offloaded.items():  # reload: fresh storage with the next step's values
         assign(name, (t + 1).to(device))

@@ -65,7 +65,8 @@ def report(import_targets: bool = False) -> list[dict]:
                 importlib.import_module(module)
             except Exception as exc:
                 registry.log.warning("colo_shim: doctor could not import %s: %s", module, exc)
-    return [r if r["status"] != registry.PENDING else _static(r, wanted) for r in registry.status()]
+    return [_static(r, wanted) if r["status"] in (registry.PENDING, registry.DISABLED) else r
+            for r in registry.status()]
 
 
 def dump(directory: str) -> str:

@@ -83,6 +83,8 @@ def resolve_owner(module, dotted: str):
     owner = module
     parts = dotted.split(".")
     for part in parts[:-1]:
+        if not hasattr(owner, part):  # Python's own message says 'partially initialized' inside the hook
+            raise AttributeError(f"{getattr(owner, '__name__', owner)!s} has no attribute {part!r}")
         owner = getattr(owner, part)
     if not hasattr(owner, parts[-1]):
         raise AttributeError(f"{getattr(owner, '__name__', owner)!s} has no attribute {parts[-1]!r}")

@@ -61,26 +61,20 @@ def _rewarm_after(reason: str):
     return wrapper
 
 
-def _track_queue(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
-    try:
-        from colo_shim import checkpoint_fence
+def _tracking(register: str, what: str):
+    """Wrapper for a constructor: hand the new object to checkpoint_fence.<register>."""
 
-        checkpoint_fence.track_queue(instance)
-    except Exception as exc:
-        log.warning("colo_shim: cannot track megatron-core queue: %s", exc)
-    return result
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            from colo_shim import checkpoint_fence
 
+            getattr(checkpoint_fence, register)(instance)
+        except Exception as exc:
+            log.warning("colo_shim: cannot track %s: %s", what, exc)
+        return result
 
-def _track_holder(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
-    try:
-        from colo_shim import checkpoint_fence
-
-        checkpoint_fence.track_holder(instance)
-    except Exception as exc:
-        log.warning("colo_shim: cannot track Megatron-Bridge state: %s", exc)
-    return result
+    return wrapper
 
 
 def _has_finalize_async_save(module):
@@ -148,8 +142,9 @@ PATCH = Patch(
                MCORE, ">=0.15"),
         Target(OPT, "ChainedOptimizer.restore_from_cpu", _rewarm_after("ChainedOptimizer.restore_from_cpu"),
                MCORE, ">=0.15"),
-        Target(MC_ASYNC, "AsyncCallsQueue.__init__", _track_queue, MCORE, ">=0.12"),
-        Target(BRIDGE, "GlobalState.__init__", _track_holder, "megatron-bridge", "", required=False),
+        Target(MC_ASYNC, "AsyncCallsQueue.__init__", _tracking("track_queue", "megatron-core queue"), MCORE, ">=0.12"),
+        Target(BRIDGE, "GlobalState.__init__", _tracking("track_holder", "Megatron-Bridge state"), "megatron-bridge", "",
+               required=False),
         *_nemo_targets(NEMO_OLD, "MegatronPolicyWorker.__ray_actor_class__"),
         *_nemo_targets(NEMO_NEW, "MegatronPolicyWorker.__ray_actor_class__", extra_fixed=_impl_layout),
         *_nemo_targets(NEMO_NEW, "MegatronPolicyWorkerImpl"),

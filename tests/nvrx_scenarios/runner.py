@@ -38,7 +38,7 @@ def pythonpath(nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = No
     if mcore:
         parts.append(deps_dir("mcore", mcore))
     if doubles:
-        parts.append(os.path.join(REPO, "tests", "doubles", f"nemo_rl_{doubles}"))
+        parts += [os.path.join(REPO, "tests", "doubles", f"nemo_rl_{doubles}"), os.path.join(REPO, "tests", "doubles")]
     return os.pathsep.join(parts)
 
 

@@ -233,7 +233,6 @@ def _calls():
 def restart_rewarm(opts):
     """restart strategy: the writer is closed at the fence and re-warmed when storage returns."""
     cs = _setup(opts)
-    import colo_shim
     from colo_shim import checkpoint_fence
 
     q = cs.make_queue(shm=True)

@@ -5,7 +5,6 @@ is pending; "break" turns the checkpoint directory into a file so NVRx's own wri
 reports the error through its results queue, as a full disk or lost mount would.
 """
 
-import os
 import shutil
 import time
 

@@ -9,11 +9,7 @@ module, `config["optimizer"]` a real optimizer whose state moves like upstream's
 from typing import Any, Optional
 
 import ray
-import torch
-
-
-def _device(device: str) -> str:
-    return device if device == "cpu" or torch.cuda.is_available() else "cpu"
+from nemo_rl_common.megatron_policy_worker import init_storage, move_model_storage, move_optimizer_state
 
 
 @ray.remote
@@ -21,10 +17,7 @@ class MegatronPolicyWorker:
     def __init__(self, config, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
                  init_optimizer: bool = True, init_reference_model: bool = True, *, worker_sharding_annotations,
                  pre_init_communication_queue, **kwargs: Any):
-        self.cfg = config
-        self.model = config["model"]
-        self.optimizer = config.get("optimizer")
-        self.events = []
+        init_storage(self, config)
 
     def prepare_for_lp_inference(self):
         self.model = self.move_model(self.model, "cuda", move_grads=False)
@@ -48,26 +41,11 @@ class MegatronPolicyWorker:
         self.model.eval()
         self.events.append("offload_after_refit")
 
-    @torch.no_grad()
     def move_model(self, model, device: str, move_params=True, move_grads=True):
-        buffers = getattr(model, "buffers", None)
-        if isinstance(buffers, list):  # megatron-core DDP: upstream walks its buffers
-            for buffer in buffers + list(getattr(model, "expert_parallel_buffers", [])):
-                if device == "cpu":
-                    buffer.offload_to_cpu(move_params=move_params, move_grads=move_grads)
-                else:
-                    buffer.reload_from_cpu(move_params=move_params, move_grads=move_grads)
-        elif move_params:
-            model.to(_device(device))
-        return model
+        return move_model_storage(model, device, move_params, move_grads)
 
     def _move_optimizer_state(self, device: str):
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    state[k] = v.to(_device(device))
+        move_optimizer_state(self.optimizer, device)
 
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None, **kwargs):
         raise NotImplementedError("v0.3 saves synchronously; tests drive NVRx directly")

@@ -9,67 +9,14 @@ megatron-core DistributedDataParallel or any torch module, `config["optimizer"]`
 from typing import Any, Optional
 
 import ray
-import torch
+from nemo_rl_common.megatron_policy_worker import MegatronPolicyWorkerV05, init_storage
 
 
-def _device(device: str) -> str:
-    return device if device == "cpu" or torch.cuda.is_available() else "cpu"
-
-
-class MegatronPolicyWorkerImpl:
+class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
     def __init__(self, config, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
                  init_optimizer: bool = True, init_reference_model: bool = True, *, worker_sharding_annotations,
                  **kwargs: Any):
-        self.cfg = config
-        self.model = config["model"]
-        self.optimizer = config.get("optimizer")
-        self.events = []
-
-    def prepare_for_lp_inference(self):
-        self.model = self.move_model(self.model, "cuda", move_grads=False)
-        self.model.eval()
-        self.move_optimizer("cpu")
-
-    def prepare_for_training(self, *args, **kwargs):
-        self.model = self.move_model(self.model, "cuda", move_grads=True, move_params=True)
-        self.model.train()
-        self.move_optimizer("cuda")
-        self.events.append("prepare_for_training")
-
-    def offload_before_refit(self):
-        """Offload the optimizer and buffers to the CPU."""
-        self.model = self.move_model(self.model, "cpu", move_params=False, move_grads=True)
-        self.move_optimizer("cpu")
-        self.events.append("offload_before_refit")
-
-    def offload_after_refit(self):
-        """Offload as much as possible on the CPU."""
-        self.model = self.move_model(self.model, "cpu")
-        self.model.eval()
-        self.events.append("offload_after_refit")
-
-    @torch.no_grad()
-    def move_model(self, model: torch.nn.Module, device: str, move_params: bool = True,
-                   move_grads: bool = True) -> torch.nn.Module:
-        buffers = getattr(model, "buffers", None)
-        if isinstance(buffers, list):  # megatron-core DDP: upstream walks its buffers
-            for buffer in buffers + list(getattr(model, "expert_parallel_buffers", [])):
-                if device == "cpu":
-                    buffer.offload_to_cpu(move_params=move_params, move_grads=move_grads)
-                else:
-                    buffer.reload_from_cpu(move_params=move_params, move_grads=move_grads)
-        elif move_params:
-            model.to(_device(device))
-        return model
-
-    def move_optimizer(self, device: str):
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    state[k] = v.to(_device(device))
-        self.events.append(f"move_optimizer({device})")
+        init_storage(self, config)
 
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None, **kwargs):
         raise NotImplementedError("v0.7 saves synchronously; tests drive NVRx directly")
