@@ -37,21 +37,33 @@ def child(args) -> dict:
         colo_shim.install(["nvrx", "megatron"])
     from colo_shim import checkpoint_fence, checkpoint_saver as cs
 
-    cs.init_single_rank()
+    import shutil
+
+    import torch.distributed as dist
+
     gpu = torch.cuda.is_available()  # CPU only for a smoke run of this script (NVRx shm path)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:  # launched by torch.distributed.run: one GPU per rank, each with its own writer
+        if gpu:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("cuda:nccl,cpu:gloo" if gpu else "gloo")
+    else:
+        cs.init_single_rank()
     dev, shm = ("cuda", False) if gpu else ("cpu", True)
     reserved = torch.cuda.memory_reserved if gpu else (lambda: 0)
     n = int(args.gib_params * GIB / 4 / args.tensors)
     state = {}
-    for i in range(args.tensors):  # fp32 params, Adam-like bf16 exp_avg and exp_avg_sq
-        state[f"p{i}"] = torch.randn(n, device=dev)
-        state[f"m{i}"] = torch.randn(n, device=dev, dtype=torch.bfloat16)
-        state[f"v{i}"] = torch.rand(n, device=dev, dtype=torch.bfloat16)
+    for i in range(args.tensors):  # fp32 params, Adam-like bf16 exp_avg and exp_avg_sq, one shard per rank
+        state[f"r{rank}.p{i}"] = torch.randn(n, device=dev)
+        state[f"r{rank}.m{i}"] = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        state[f"r{rank}.v{i}"] = torch.rand(n, device=dev, dtype=torch.bfloat16)
     cached = sum(t.numel() * t.element_size() for t in state.values())
-    import shutil
-
     shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-    root = tempfile.mkdtemp(dir="/dev/shm" if shm_free > 2.5 * cached else args.ckpt_dir)
+    base = "/dev/shm" if shm_free > 2.5 * cached * world else args.ckpt_dir
+    root = [tempfile.mkdtemp(dir=base) if rank == 0 else None]
+    if world > 1:  # every rank writes into one checkpoint directory
+        dist.broadcast_object_list(root, src=0)
+    root = root[0]
     out_dir = root
     q = cs.make_queue(shm=shm)
     out = {"nvrx": args.nvrx_version, "mode": args.mode, "cached_gib": cached / GIB}
@@ -101,6 +113,15 @@ def child(args) -> dict:
         out["idle_fence_us_median"], out["idle_fence_us_p99"] = times[len(times) // 2] * 1e6, times[
             int(len(times) * 0.99)] * 1e6
     q.close()
+    if world > 1:
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(out, gathered, dst=0)
+        dist.barrier()
+        if rank != 0:
+            return None
+        out = dict(gathered[0], ranks=world, per_rank=gathered,
+                   held_gib=max(r["held_gib"] for r in gathered), held_fraction=max(r["held_fraction"] for r in gathered),
+                   equal=all(r["equal"] for r in gathered))
     shutil.rmtree(root, ignore_errors=True)
     return out
 
@@ -108,7 +129,9 @@ def child(args) -> dict:
 def run_child(args, version, mode, budget) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(args.deps, f"nvrx-{version}"), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--nvrx-version", version,
+    launcher = [sys.executable] if args.ranks == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                         "--standalone", f"--nproc_per_node={args.ranks}"]
+    cmd = [*launcher, __file__, "--child", "--mode", mode, "--nvrx-version", version,
            "--gib-params", str(args.gib_params), "--tensors", str(args.tensors), "--step-seconds",
            str(args.step_seconds), "--ckpt-dir", args.ckpt_dir]
     try:
@@ -146,6 +169,7 @@ def main(argv=None) -> int:
                                      "0.6.0:restart", help="NVRX:MODE,... in order (modes: noshim, inplace, restart)")
     p.add_argument("--gib-params", type=float, default=8.0, help="GiB of fp32 params (Adam-like state adds 1x)")
     p.add_argument("--tensors", type=int, default=8)
+    p.add_argument("--ranks", type=int, default=1, help="ranks on this host (one GPU each), via torch.distributed.run")
     p.add_argument("--step-seconds", type=float, default=10.0, help="emulated training step before the next save")
     p.add_argument("--deps", default=os.environ.get("COLO_SHIM_TEST_DEPS", os.path.join(REPO, ".deps")))
     p.add_argument("--ckpt-dir", default=tempfile.gettempdir())
@@ -153,7 +177,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="also copy the JSON here")
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args)), flush=True)
+        result = child(args)
+        if result is not None:  # with several ranks only rank 0 reports
+            print(json.dumps(result), flush=True)
         return 0
     import torch
 
