@@ -63,10 +63,13 @@ def main(argv=None) -> int:
     doc.add_argument("--import", dest="import_targets", action="store_true", help="import targets to apply for real")
     doc.add_argument("--from", dest="from_dir", help="read status files written by processes (COLO_SHIM_STATUS_DIR)")
     doc.set_defaults(func=_doctor)
-    demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device")
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+    demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device (--help for options)",
+                          add_help=False)
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd != "demo" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.demo_args = extra
     return args.func(args)
 
 
