@@ -3,9 +3,10 @@
 It imports colo_shim only when COLO_SHIM asks for it, so an installed activator costs one
 environment lookup per interpreter start and executes nothing taken from the environment.
 Several paths can reach one process (a venv runs .pth lines twice; the bootstrap and the vLLM
-plugin may both fire), so only the first call acts. `import colo_shim` installs by itself when
-COLO_SHIM is set; when something imported colo_shim earlier while the switch was off (a vLLM
-plugin loaded before its register() runs), the install is asked for explicitly.
+plugin may both fire), so only the first call acts. `import colo_shim` arms the shim by itself
+when COLO_SHIM is set (colo_shim._deferred installs at the first target import); when something
+imported colo_shim earlier while the switch was off (a vLLM plugin loaded before its register()
+runs), arming is asked for explicitly.
 """
 
 import os
