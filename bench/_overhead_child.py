@@ -6,7 +6,8 @@ import timeit
 
 import _noop_target as target
 import wrapt
-from colo_shim import registry, wrapping
+from colo_shim.core import registry
+from colo_shim.core import wrapping
 
 
 def passthrough(wrapped, instance, args, kwargs):

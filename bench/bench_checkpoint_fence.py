@@ -35,7 +35,8 @@ def child(args) -> dict:
         import colo_shim
 
         colo_shim.install(["nvrx", "megatron"])
-    from colo_shim import checkpoint_fence, checkpoint_saver as cs
+    from colo_shim.fence import fence as checkpoint_fence
+    from colo_shim.cli import saver as cs
 
     import shutil
 

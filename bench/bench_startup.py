@@ -41,8 +41,8 @@ def importtime_breakdown(python: str, runs: int = 7) -> dict:
     """Median cumulative import time (us) of what COLO_SHIM=1 loads at start, from -X importtime."""
     import statistics
 
-    watch = ("colo_shim", "colo_shim._config", "colo_shim.registry", "colo_shim.wrapping", "wrapt", "logging",
-             "dataclasses", "colo_shim.patches.nvrx", "colo_shim.patches.megatron", "colo_shim.patches.vllm")
+    watch = ("colo_shim", "colo_shim.core.config", "colo_shim.core.registry", "colo_shim.core.wrapping", "wrapt", "logging",
+             "dataclasses", "colo_shim.fence.nvrx", "colo_shim.fence.megatron", "colo_shim.discard.vllm")
     seen = {m: [] for m in watch}
     count = []
     for _ in range(runs):

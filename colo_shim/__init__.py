@@ -1,7 +1,7 @@
 """colo-shim: memory fixes for colocated RL training, applied without code changes.
 
 `import colo_shim` costs nothing unless COLO_SHIM is set, and even then the registry (and wrapt)
-load only when the first target package is imported (colo_shim._deferred), so the activator can
+load only when the first target package is imported (colo_shim.core.deferred), so the activator can
 sit in every interpreter of a job.
 """
 
@@ -11,21 +11,22 @@ __all__ = ["install", "uninstall", "status", "fence", "__version__"]
 
 def install(patches=None, strict=None) -> list[dict]:
     """Enable patches now or when their target imports; returns status(). Idempotent."""
-    from colo_shim import registry
+    from colo_shim.core import registry
 
     return registry.install(patches, strict)
 
 
 def uninstall() -> None:
     """Put back every original attribute exactly as it was."""
-    from colo_shim import registry
+    from colo_shim.core import registry
 
     registry.uninstall()
 
 
 def status() -> list[dict]:
     """Per patch and target: status, reason, version, supported range, call count, details."""
-    from colo_shim import _deferred, registry
+    from colo_shim.core import deferred as _deferred
+    from colo_shim.core import registry
 
     _deferred.fire()
     registry.families()
@@ -34,7 +35,7 @@ def status() -> list[dict]:
 
 def fence(reason: str = ""):
     """Finalize pending async checkpoint saves and release what pins offloaded GPU storage."""
-    from colo_shim.checkpoint_fence import fence as _fence
+    from colo_shim.fence.fence import fence as _fence
 
     return _fence(reason)
 
@@ -45,7 +46,7 @@ def _autoinstall() -> None:
 
     if os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
         return
-    from colo_shim import _deferred
+    from colo_shim.core import deferred as _deferred
 
     _deferred.arm()
 

@@ -4,7 +4,7 @@ It imports colo_shim only when COLO_SHIM asks for it, so an installed activator 
 environment lookup per interpreter start and executes nothing taken from the environment.
 Several paths can reach one process (a venv runs .pth lines twice; the bootstrap and the vLLM
 plugin may both fire), so only the first call acts. `import colo_shim` arms the shim by itself
-when COLO_SHIM is set (colo_shim._deferred installs at the first target import); when something
+when COLO_SHIM is set (colo_shim.core.deferred installs at the first target import); when something
 imported colo_shim earlier while the switch was off (a vLLM plugin loaded before its register()
 runs), arming is asked for explicitly.
 """
@@ -24,7 +24,7 @@ def activate() -> None:
         imported_before = "colo_shim" in sys.modules
         import colo_shim
 
-        if imported_before and "colo_shim.registry" not in sys.modules:
+        if imported_before and "colo_shim.core.registry" not in sys.modules:
             colo_shim._autoinstall()
     except Exception as exc:  # a start-up hook must never stop the interpreter
         print(f"colo_shim: activation failed: {type(exc).__name__}: {exc}", file=sys.stderr)

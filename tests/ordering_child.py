@@ -19,7 +19,8 @@ if setup:
     importlib.import_module(setup).register_all()
 
 import colo_shim  # noqa: E402
-from colo_shim import registry, wrapping  # noqa: E402
+from colo_shim.core import registry
+from colo_shim.core import wrapping  # noqa: E402
 
 
 def install():

@@ -25,7 +25,9 @@ colo_shim.install(["vllm"])
 
 import torch  # noqa: E402
 
-from colo_shim import discard_guard, discard_policy  # noqa: E402
+from colo_shim.discard import guard as discard_guard
+
+from colo_shim.discard import policy as discard_policy  # noqa: E402
 from nemo_rl.distributed.virtual_cluster import RayVirtualCluster  # noqa: E402
 from nemo_rl.models.generation.vllm import VllmGeneration  # noqa: E402
 
@@ -181,7 +183,7 @@ def check_shim_error_falls_back():
     pg, policy = fresh()
     pg.finish_generation(refit_pending=True)
     refit(pg, policy)
-    from colo_shim import discard_coverage
+    from colo_shim.discard import coverage as discard_coverage
 
     original = discard_coverage.snapshot_rpc
     discard_coverage.snapshot_rpc = None  # the in-worker copy step cannot run

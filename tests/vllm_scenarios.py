@@ -97,7 +97,7 @@ def main():
     results = {}
     for run in args.get("runs", ["baseline", "shim"]):
         import colo_shim
-        from colo_shim import discard_policy
+        from colo_shim.discard import policy as discard_policy
 
         if run == "baseline":
             colo_shim.uninstall()

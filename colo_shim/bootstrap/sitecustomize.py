@@ -14,7 +14,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_OFF = ("", "0", "off", "false", "no")  # same test as the .pth line and colo_shim._config
+_OFF = ("", "0", "off", "false", "no")  # same test as the .pth line and colo_shim.core.config
 
 
 def _is_here(entry):

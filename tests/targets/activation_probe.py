@@ -1,7 +1,7 @@
 """Declares the test family before the start-up install runs, as a real family module would be.
 
 Activation happens during interpreter start-up, before any test code can register anything, so
-the test family must already be known when colo_shim arms its install (colo_shim.patches names
+the test family must already be known when colo_shim arms its install (colo_shim.core.families names
 the families and the packages whose import triggers them) and when the install reads the
 registry. This finder adds it the moment each of those modules finishes loading, nothing else; it is put
 in place by whatever runs before the activator on each path (a chained user sitecustomize, an
@@ -13,7 +13,7 @@ import sys
 
 
 def _declare(module):
-    """colo_shim.patches: make 'shimtest' a known family whose first import is shimtarget."""
+    """colo_shim.core.families: make 'shimtest' a known family whose first import is shimtarget."""
     module.FAMILIES = module.FAMILIES + ("shimtest",)
     module.TRIGGERS = dict(module.TRIGGERS, shimtest=("shimtarget",))
 
@@ -24,7 +24,7 @@ def _register(module):
     module.register(shimtest_family.PATCH)
 
 
-_AFTER_LOAD = {"colo_shim.patches": _declare, "colo_shim.registry": _register}
+_AFTER_LOAD = {"colo_shim.core.families": _declare, "colo_shim.core.registry": _register}
 
 
 class _RegistryFinder:

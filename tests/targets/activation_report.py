@@ -6,7 +6,7 @@ target is imported afterwards, like a training script importing its libraries.
 
 import sys
 
-AT_START = sorted(m for m in ("colo_shim", "colo_shim._deferred", "colo_shim.registry", "wrapt") if m in sys.modules)
+AT_START = sorted(m for m in ("colo_shim", "colo_shim.core.deferred", "colo_shim.core.registry", "wrapt") if m in sys.modules)
 
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
@@ -18,7 +18,7 @@ def report() -> dict:
     import shimtarget.sub as target
 
     engine_step = vars(target.Engine)["step"]
-    wrapping = sys.modules.get("colo_shim.wrapping")  # type(x).__module__ is proxied by pure-Python wrapt 1.x
+    wrapping = sys.modules.get("colo_shim.core.wrapping")  # type(x).__module__ is proxied by pure-Python wrapt 1.x
     layers, obj = 0, engine_step
     while wrapping is not None and isinstance(obj, wrapping.ShimWrapper):
         layers, obj = layers + 1, obj.__wrapped__
@@ -27,7 +27,7 @@ def report() -> dict:
            "colo_shim_env": os.environ.get("COLO_SHIM"), "enabled": None, "calls": None,
            "chained": "_colo_shim_chained_sitecustomize" in sys.modules,
            "user_sitecustomize_ran": os.environ.get("USER_SITECUSTOMIZE_RAN")}
-    registry = sys.modules.get("colo_shim.registry")
+    registry = sys.modules.get("colo_shim.core.registry")
     if registry is not None:
         out["enabled"] = sorted(n for n in registry.families() if registry.enabled(n))
         out["calls"] = {r["target"]: r["calls"] for r in registry.status() if r["name"] == "shimtest"}

@@ -28,7 +28,7 @@ def kinds():
 
 
 def is_shim(obj):
-    from colo_shim import wrapping
+    from colo_shim.core import wrapping
 
     return isinstance(obj, (wrapping.ShimWrapper, wrapping._BoundWrapper))
 
@@ -39,7 +39,7 @@ def call(fn, args):
 
 
 def calls(key):
-    from colo_shim import registry
+    from colo_shim.core import registry
 
     return {r["target"]: r["calls"] for r in registry.status() if r["name"] == "shimtest"}[f"shimtarget.sub:{key}"]
 
@@ -47,11 +47,11 @@ def calls(key):
 def call_in_child(fn, args, key):
     """Runs in the spawn child: fn arrived pickled by reference and must be this process's patch."""
     before = calls(key)
-    return [call(fn, args), calls(key) - before, "colo_shim.registry" in sys.modules]
+    return [call(fn, args), calls(key) - before, "colo_shim.core.registry" in sys.modules]
 
 
 def main():
-    from colo_shim import registry
+    from colo_shim.core import registry
 
     assert registry.enabled("shimtest"), "parent not activated"
     import wrapt

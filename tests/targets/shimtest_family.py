@@ -5,7 +5,7 @@ CALLS so a test can tell the wrapper ran, and the variants declare the failure m
 family can hit (unsupported version, upstream fix present, drifted attribute, broken detector).
 """
 
-from colo_shim.registry import Patch, Target, register
+from colo_shim.core.registry import Patch, Target, register
 
 CALLS = []
 MODULE = "shimtarget.sub"

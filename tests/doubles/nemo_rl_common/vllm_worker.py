@@ -85,7 +85,7 @@ class BaseVllmGenerationWorker:
         core = self.llm.core
         shim = sys.modules.get("colo_shim")
         details = [s["details"] for s in shim.status() if s["name"] == "vllm"][:1] if shim else []
-        guard = sys.modules.get("colo_shim.discard_guard")
+        guard = sys.modules.get("colo_shim.discard.guard")
         return {"events": core.events, "nan_generations": core.nan_generations, "cpu_bytes": core.cpu_bytes_held(),
                 "shim": details[0] if details else None,
                 "engine_shim": guard.state_for(self.llm).report() if guard and details else None}

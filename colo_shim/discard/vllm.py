@@ -27,10 +27,9 @@ import contextvars
 import inspect
 import logging
 
-from colo_shim import discard_coverage as cov
-from colo_shim import discard_guard as guard
-from colo_shim import discard_policy as policy
-from colo_shim.registry import Patch, Target
+from colo_shim.core.registry import Patch, Target
+from colo_shim.discard import coverage as cov
+from colo_shim.discard import guard, policy
 
 log = logging.getLogger("colo_shim.vllm")
 

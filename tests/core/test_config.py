@@ -6,7 +6,7 @@ from helpers import TARGETS, last_json, run_python
 
 PROBE = """
     import json, colo_shim
-    from colo_shim import registry
+    from colo_shim.core import registry
     colo_shim.status()  # fires the armed install
     print(json.dumps(sorted(registry._enabled)))
 """
@@ -26,7 +26,7 @@ def test_unset_means_off_and_imports_nothing_heavy():
     child = run_python("""
         import json, sys, colo_shim
         print(json.dumps([m for m in ("wrapt", "torch", "vllm", "megatron", "nvidia_resiliency_ext",
-                                      "colo_shim.registry") if m in sys.modules]))
+                                      "colo_shim.core.registry") if m in sys.modules]))
     """)
     assert last_json(child) == []
     assert child.stderr == ""
@@ -59,7 +59,7 @@ def test_bad_value_in_strict_mode_is_an_error():
 def test_family_knobs_validate_values():
     child = run_python("""
         import json
-        from colo_shim import _config
+        from colo_shim.core import config as _config
         print(json.dumps([_config.env_choice("X_CHOICE", ("auto", "always", "never"), "auto"),
                           _config.env_float("X_FLOAT", 5.0), _config.env_float("X_NEG", 5.0)]))
     """, env={"X_CHOICE": "Sometimes", "X_FLOAT": "2.5", "X_NEG": "-1"})

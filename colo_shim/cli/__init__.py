@@ -14,7 +14,7 @@ def _run(args) -> int:
     if not command:
         print("colo-shim run: give a command, e.g. colo-shim run -- python train.py", file=sys.stderr)
         return 2
-    bootstrap = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    bootstrap = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bootstrap")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([bootstrap] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if args.patches:
@@ -29,7 +29,7 @@ def _run(args) -> int:
 
 
 def _bundle(args) -> int:
-    from colo_shim.bundle import bundle
+    from colo_shim.cli.bundle import bundle
 
     path = bundle(args.dir)
     print(f"wrote {path}; activate with: PYTHONPATH={path} COLO_SHIM=1 <command>")
@@ -37,13 +37,13 @@ def _bundle(args) -> int:
 
 
 def _doctor(args) -> int:
-    from colo_shim import doctor
+    from colo_shim.cli import doctor
 
     return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir)
 
 
 def _demo(args) -> int:
-    from colo_shim import demo
+    from colo_shim.cli import demo
 
     return demo.main(args.demo_args)
 

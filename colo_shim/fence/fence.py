@@ -18,31 +18,16 @@ bounded poll so a stuck rank raises FenceTimeout naming itself and the queue ins
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
-import weakref
 from dataclasses import dataclass, field
 
+from colo_shim.fence.state import (
+    TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _cuda_sent, _totals, describe, live_queues, pending, rank,
+)
+
 log = logging.getLogger("colo_shim.nvrx")
-
-TIMEOUT_ENV = "COLO_SHIM_FENCE_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
-_NVRX_CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
-_MEGATRON_SINGLETON = "megatron.training.async_utils"
-
-_queues: "weakref.WeakSet" = weakref.WeakSet()  # every AsyncCallsQueue built while the shim is on
-_holders: "weakref.WeakSet" = weakref.WeakSet()  # objects owning `_async_calls_queue` (Bridge state)
-_cuda_sent: "weakref.WeakSet" = weakref.WeakSet()  # queues whose worker received CUDA tensors
-_totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0}
-
-
-class FenceTimeout(RuntimeError):
-    """A rank waited longer than COLO_SHIM_FENCE_TIMEOUT for its checkpoint writer."""
-
-
-class CheckpointWorkerDied(RuntimeError):
-    """The persistent checkpoint worker exited with a save still pending."""
 
 
 @dataclass
@@ -57,62 +42,6 @@ class FenceReport:
     def as_dict(self) -> dict:
         return dict(reason=self.reason, calls_finalized=self.calls_finalized, queues=self.queues,
                     released=list(self.released), bytes_released=self.bytes_released, seconds=self.seconds)
-
-
-def track_queue(queue) -> None:
-    _queues.add(queue)
-
-
-def track_holder(holder) -> None:
-    _holders.add(holder)
-
-
-def note_cuda_sent(queue) -> None:
-    _cuda_sent.add(queue)
-
-
-def totals() -> dict:
-    return dict(_totals, tracked_queues=len(_queues), holding_cuda=len(_cuda_sent))
-
-
-def live_queues() -> list:
-    found = {id(q): q for q in list(_queues)}
-    core = sys.modules.get(_NVRX_CORE)
-    cls = getattr(core, "AsyncCallsQueue", None)
-    if cls is not None and hasattr(cls, "get_instances"):
-        for q in cls.get_instances():
-            found.setdefault(id(q), q)
-    single = getattr(sys.modules.get(_MEGATRON_SINGLETON), "_async_calls_queue", None)
-    if single is not None:
-        found.setdefault(id(single), single)
-    for holder in list(_holders):
-        q = getattr(holder, "_async_calls_queue", None)
-        if q is not None:
-            found.setdefault(id(q), q)
-    return list(found.values())
-
-
-def pending(queue) -> int:
-    calls = getattr(queue, "async_calls", None)
-    return len(calls) if calls is not None else queue.get_num_unfinalized_calls()
-
-
-def rank() -> int:
-    dist = getattr(sys.modules.get("torch"), "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", "0"))
-
-
-def describe(queue) -> str:
-    caller = getattr(queue, "persistent_caller", None)
-    proc = getattr(caller, "process", None)
-    worker = f", worker pid {proc.pid}" if proc is not None else ""
-    return (f"{type(queue).__module__}.{type(queue).__qualname__}@{id(queue):#x} "
-            f"({pending(queue)} pending{worker})")
 
 
 def _worker_dead(queue) -> bool:
@@ -145,9 +74,9 @@ def _finalize(queue, deadline: float | None, timeout: float) -> int:
 
 
 def _timeout() -> float:
-    from colo_shim import _config
+    from colo_shim.core import config
 
-    return _config.env_float(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+    return config.env_float(TIMEOUT_ENV, DEFAULT_TIMEOUT)
 
 
 def _free_bytes():
@@ -177,11 +106,11 @@ def fence(reason: str = "") -> FenceReport:
         if pending(queue):
             report.calls_finalized += _finalize(queue, deadline, timeout)
     if any(q in _cuda_sent for q in busy):
-        from colo_shim import nvrx_release
+        from colo_shim.fence import release
 
         for queue in [q for q in busy if q in _cuda_sent]:
             try:
-                how = nvrx_release.release(queue, deadline)
+                how = release.release(queue, deadline)
             except (FenceTimeout, CheckpointWorkerDied):
                 raise
             except Exception as exc:  # our own release logic must never break the job
@@ -192,7 +121,7 @@ def fence(reason: str = "") -> FenceReport:
             if how:
                 report.released.append(how)
         if report.released:
-            nvrx_release.collect_cuda()
+            release.collect_cuda()
     free_after = _free_bytes()
     report.bytes_released = (free_after - free_before) if free_before is not None and free_after else None
     report.seconds = time.perf_counter() - start
@@ -205,9 +134,9 @@ def fence(reason: str = "") -> FenceReport:
 
 def rewarm(reason: str = "") -> int:
     """After storage came back: start writers released by the `restart` strategy (non-blocking)."""
-    from colo_shim import nvrx_release
+    from colo_shim.fence import release
 
-    return nvrx_release.rewarm(reason)
+    return release.rewarm(reason)
 
 
 def guarded(reason: str) -> None:

@@ -32,7 +32,7 @@ def _run(launcher, user_site, *extra, env=None, children=False):
 
 
 def _assert_active(result, enabled_contains=("shimtest",)):
-    assert result["at_start"] == ["colo_shim", "colo_shim._deferred"], result
+    assert result["at_start"] == ["colo_shim", "colo_shim.core.deferred"], result
     assert set(enabled_contains) <= set(result["enabled"]), result
     assert result["layers"] == 1, result  # wrapped once, by the start-up install
     assert result["calls"]["shimtarget.sub:Engine.step"] == 1, result
@@ -59,9 +59,9 @@ def test_console_script_entry_and_patches_flag(user_site):
 
 
 def test_patches_flag_can_leave_the_test_family_out(user_site):
-    known_real = run_python("from colo_shim.patches import FAMILIES; print(FAMILIES[0])").stdout.strip()
+    known_real = run_python("from colo_shim.core.families import FAMILIES; print(FAMILIES[0])").stdout.strip()
     result = _run(["-m", "colo_shim"], user_site, "--patches", known_real)
-    assert "colo_shim._deferred" in result["at_start"], result
+    assert "colo_shim.core.deferred" in result["at_start"], result
     # shimtarget is no root of the requested family, so importing it neither installs nor wraps
     assert result["enabled"] is None and result["layers"] == 0, result
 

@@ -21,9 +21,10 @@ def loaded(*names):
     return sorted(n for n in names if n in sys.modules)
 out = {"python": "%%d.%%d" %% sys.version_info[:2]}
 import colo_shim
-out["inactive_import"] = loaded("wrapt", "colo_shim.registry", *HEAVY)
+out["inactive_import"] = loaded("wrapt", "colo_shim.core.registry", *HEAVY)
 import shimtest_family, wrapt
-from colo_shim import registry, wrapping
+from colo_shim.core import registry
+from colo_shim.core import wrapping
 registry.register(shimtest_family.PATCH)
 out["wrapt"] = wrapt.__version__
 records = colo_shim.install(["shimtest"])

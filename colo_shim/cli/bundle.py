@@ -21,7 +21,7 @@ def _package_dir(name: str) -> str:
 
 
 def bundle(dest: str) -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the colo_shim package
     dest = os.path.abspath(dest)
     os.makedirs(dest, exist_ok=True)
     shutil.copy2(os.path.join(here, "bootstrap", "sitecustomize.py"), os.path.join(dest, "sitecustomize.py"))

@@ -4,12 +4,12 @@ import importlib
 
 from helpers import TARGETS, deps_dir, doubles_path, last_json, run_python
 
-from colo_shim.patches import FAMILIES, TRIGGERS
+from colo_shim.core.families import FAMILIES, MODULES, TRIGGERS
 
 
 def test_triggers_cover_every_declared_target():
     for name in FAMILIES:
-        patch = importlib.import_module(f"colo_shim.patches.{name}").PATCH
+        patch = importlib.import_module(MODULES[name]).PATCH
         for target in patch.targets:
             root = target.module.partition(".")[0]
             assert root in TRIGGERS[name], (name, target.key)
@@ -25,16 +25,16 @@ def test_active_process_without_targets_loads_nothing_heavy():
         print(json.dumps(sorted(m for m in loaded if not m.startswith("colo_shim")) +
                          sorted(m for m in loaded if m.startswith("colo_shim."))))
     """, env={"COLO_SHIM": "1"})
-    assert last_json(child) == ["colo_shim._config", "colo_shim._deferred", "colo_shim.patches"]
+    assert last_json(child) == ["colo_shim.core.config", "colo_shim.core.deferred", "colo_shim.core.families"]
 
 
 def test_first_target_import_installs_before_the_target_loads():
     child = run_python("""
         import json, sys, colo_shim
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
-        from colo_shim import wrapping
+        from colo_shim.core import wrapping
         print(json.dumps([isinstance(vars(core.AsyncCallsQueue)["close"], wrapping.ShimWrapper),
-                          "colo_shim.registry" in sys.modules]))
+                          "colo_shim.core.registry" in sys.modules]))
     """, pythonpath=(deps_dir("nvrx", "0.7.0"),), env={"COLO_SHIM": "nvrx"})
     assert last_json(child) == [True, True]
 
@@ -43,7 +43,7 @@ def test_unrequested_family_roots_do_not_trigger():
     child = run_python("""
         import json, sys, colo_shim
         import nemo_rl.models.generation.vllm.vllm_generation as g
-        print(json.dumps(["colo_shim.registry" in sys.modules, type(vars(g.VllmGeneration)["finish_generation"]).__name__]))
+        print(json.dumps(["colo_shim.core.registry" in sys.modules, type(vars(g.VllmGeneration)["finish_generation"]).__name__]))
     """, pythonpath=doubles_path("v0_7"), env={"COLO_SHIM": "nvrx"})
     assert last_json(child) == [False, "function"]
 

@@ -31,7 +31,9 @@ def _child(args) -> dict:
         colo_shim.install(["nvrx", "megatron"])
     import nvidia_resiliency_ext
 
-    from colo_shim import checkpoint_fence, checkpoint_saver as cs
+    from colo_shim.fence import fence as shim_fence
+
+    from colo_shim.cli import saver as cs
 
     cs.init_single_rank()
     gpu = torch.cuda.is_available()
@@ -67,7 +69,7 @@ def _child(args) -> dict:
         cs.async_save(q, state(), f"{root}/step{step}", cached=True, shm=shm)
         cs.finalize(q)
     if args.shim:
-        checkpoint_fence.fence("demo offload")
+        shim_fence.fence("demo offload")
     if not gpu:
         q.close()  # the upstream-style release on the shm path
     live = state()
@@ -78,7 +80,7 @@ def _child(args) -> dict:
     for name, t in offloaded.items():  # reload: fresh storage with the next step's values
         assign(name, (t + 1).to(device))
     if args.shim:
-        checkpoint_fence.rewarm("demo reload")
+        shim_fence.rewarm("demo reload")
     final = state()
     print("saving after reload", flush=True)
     cs.async_save(q, final, f"{root}/after", cached=True, shm=shm)
@@ -92,9 +94,9 @@ def _child(args) -> dict:
 
 
 def _run(shim: bool, args) -> dict:
-    cmd = [sys.executable, "-m", "colo_shim.demo", "--child", "--mib", str(args.mib)] + (["--shim"] if shim else [])
+    cmd = [sys.executable, "-m", "colo_shim.cli.demo", "--child", "--mib", str(args.mib)] + (["--shim"] if shim else [])
     env = {k: v for k, v in os.environ.items() if k != "COLO_SHIM"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                                       env.get("PYTHONPATH")]))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

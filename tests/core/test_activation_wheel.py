@@ -38,9 +38,9 @@ def test_wheel_installs_both_activator_files(venv):
 
 def test_start_entry_resolves_and_activates(python):
     # Python 3.15 calls pkgutil.resolve_name on each .start entry; no 3.15 here, so call it the same way
-    code = ("import sys, pkgutil; before = 'colo_shim._deferred' in sys.modules; "
+    code = ("import sys, pkgutil; before = 'colo_shim.core.deferred' in sys.modules; "
             "import os; os.environ['COLO_SHIM'] = '1'; pkgutil.resolve_name('colo_shim._activate:activate')(); "
-            "import json; print(json.dumps([before, 'colo_shim._deferred' in sys.modules]))")
+            "import json; print(json.dumps([before, 'colo_shim.core.deferred' in sys.modules]))")
     assert last_json(run_in(python, code)) == [False, True]
 
 
@@ -50,7 +50,7 @@ def test_pth_activates_only_when_colo_shim_is_set(python):
         assert r["at_start"] == [] and r["layers"] == 0 and r["enabled"] is None, r
     on = last_json(run_in(python, REPORT, env={**PROBE, "COLO_SHIM": "1"}, args=["--children"]))
     for r in (on, on["subprocess"], on["spawn"]):
-        assert r["at_start"] == ["colo_shim", "colo_shim._deferred"], r
+        assert r["at_start"] == ["colo_shim", "colo_shim.core.deferred"], r
         assert "shimtest" in r["enabled"] and r["layers"] == 1, r
         assert r["calls"]["shimtarget.sub:Engine.step"] == 1, r
         assert r["wrapt"].startswith(os.path.dirname(os.path.dirname(python))), r  # the venv's own wrapt
@@ -83,7 +83,7 @@ def test_pth_runs_twice_in_a_venv_but_installs_once(python, venv, tmp_path):
 def test_pth_executes_no_code_from_the_environment(python, tmp_path):
     marker = tmp_path / "pwned"
     payload = f'__import__("os").system("touch {marker}")'
-    proc = run_in(python, "import sys; print('colo_shim._deferred' in sys.modules)", env={"COLO_SHIM": payload})
+    proc = run_in(python, "import sys; print('colo_shim.core.deferred' in sys.modules)", env={"COLO_SHIM": payload})
     assert not marker.exists()
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     named = [line for line in lines if "valid values" in line]
@@ -107,9 +107,9 @@ for f in funcs:
     f()
 import shimtarget.sub as t
 print(json.dumps({"eps": [ep.value for ep in eps], "before": before,
-                  "registry": "colo_shim.registry" in sys.modules,
-                  "wrapped": "colo_shim.wrapping" in sys.modules and
-                             isinstance(vars(t.Engine)["step"], sys.modules["colo_shim.wrapping"].ShimWrapper)}))
+                  "registry": "colo_shim.core.registry" in sys.modules,
+                  "wrapped": "colo_shim.core.wrapping" in sys.modules and
+                             isinstance(vars(t.Engine)["step"], sys.modules["colo_shim.core.wrapping"].ShimWrapper)}))
 """ % TARGETS
     # COLO_SHIM is unset at start, so the .pth line stays inert and only the plugin can activate
     def run(mode):

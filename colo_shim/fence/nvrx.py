@@ -17,7 +17,8 @@ import functools
 import logging
 import sys
 
-from colo_shim.registry import Patch, Target
+from colo_shim.core.registry import Patch, Target
+from colo_shim.fence import release, state
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -26,16 +27,13 @@ FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 DIST = "nvidia-resiliency-ext"
 RANGE = ">=0.4.1,<0.9"
 
-_sent_ptrs: dict = {}  # cache key -> storage pointers of the CUDA tensors last sent under it
 _MAX_DEPTH = 10
 
 
 def _track(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
-        from colo_shim import checkpoint_fence
-
-        checkpoint_fence.track_queue(instance)
+        state.track_queue(instance)
     except Exception as exc:
         log.warning("colo_shim: cannot track %s: %s", type(instance).__name__, exc)
     return result
@@ -61,28 +59,10 @@ def _schedule(wrapped, instance, args, kwargs):
         request = args[0] if args else kwargs.get("async_request")
         if getattr(instance, "persistent", False) and (
                 _has_cuda(getattr(request, "preload_fn", None)) or _has_cuda(getattr(request, "async_fn_args", ()))):
-            from colo_shim import checkpoint_fence
-
-            checkpoint_fence.note_cuda_sent(instance)
+            state.note_cuda_sent(instance)
     except Exception as exc:
         log.warning("colo_shim: cannot inspect async request: %s: %s", type(exc).__name__, exc)
     return wrapped(*args, **kwargs)
-
-
-def clear_training_caches(keep_shm: bool = False) -> None:
-    """Make the next cached save re-send its data; keep_shm keeps CPU shm buffers (no GPU held)."""
-    _sent_ptrs.clear()
-    writer = getattr(sys.modules.get(FS), "FileSystemWriterAsync", None)
-    if writer is None:
-        return
-    cleanup = getattr(writer, "cleanup_tensor_caches", None)
-    if cleanup is not None and not keep_shm:
-        cleanup()
-        return
-    for name in ("_cached_identifiers", "_cached_tensor_data_ptrs") + (() if keep_shm else ("_shm_tensor_cache",)):
-        cache = getattr(writer, name, None)
-        if cache is not None:
-            cache.clear()
 
 
 def _forget_dead_worker(instance) -> None:
@@ -111,10 +91,8 @@ def _close(wrapped, instance, args, kwargs):
     finally:
         try:
             if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
-                clear_training_caches()
-                from colo_shim import checkpoint_fence
-
-                checkpoint_fence._cuda_sent.discard(instance)
+                release.clear_training_caches()
+                state._cuda_sent.discard(instance)
         except Exception as exc:
             log.debug("colo_shim: cache clear after close failed: %s", exc)
 
@@ -137,7 +115,7 @@ def _drop_moved_key(writer, plan, planner) -> None:
     if key not in cached:
         return
     current = _cuda_ptrs(planner.resolve_data(item) for item in items)
-    if _sent_ptrs.get(key) != current:
+    if state.sent_ptrs.get(key) != current:
         cached.discard(key)
         log.info("colo_shim: cached checkpoint tensors moved (offload/reload); re-sending them")
 
@@ -151,7 +129,7 @@ def _prepare_write_data(wrapped, instance, args, kwargs):
     try:
         ident, sent = instance.consistent_data_identifier, getattr(instance, "cached_tensor_data", None)
         if ident is not None and sent is not None:
-            _sent_ptrs[ident.key] = _cuda_ptrs(sent[1])
+            state.sent_ptrs[ident.key] = _cuda_ptrs(sent[1])
     except Exception as exc:
         log.warning("colo_shim: pointer record skipped: %s: %s", type(exc).__name__, exc)
     return result
@@ -167,9 +145,7 @@ def _checks_pointers(module):
 
 
 def _report() -> dict:
-    from colo_shim import checkpoint_fence, nvrx_release
-
-    return dict(checkpoint_fence.totals(), release=nvrx_release.strategy(), sent_keys=len(_sent_ptrs))
+    return dict(state.totals(), release=release.strategy(), sent_keys=len(state.sent_ptrs))
 
 
 PATCH = Patch(

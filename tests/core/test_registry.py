@@ -110,7 +110,7 @@ def test_strict_mode_raises_at_install_for_unsupported_and_broken():
 def test_concurrent_install_and_import_wrap_once():
     child = run_python("""
         import json, threading, shimtest_family, colo_shim
-        from colo_shim import wrapping
+        from colo_shim.core import wrapping
         shimtest_family.register_all()
         barrier = threading.Barrier(8)
         def worker(i):

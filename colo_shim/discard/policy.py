@@ -27,8 +27,8 @@ import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from colo_shim import _config
-from colo_shim.discard_guard import vllm_version
+from colo_shim.core import config
+from colo_shim.discard.guard import vllm_version
 
 MODES = ("auto", "always", "never")
 ENV = "COLO_SHIM_DISCARD"
@@ -74,7 +74,7 @@ def mode() -> str:
 
     raw = os.environ.get(ENV)
     if raw not in _mode_cache:
-        _mode_cache[raw] = _config.env_choice(ENV, MODES, "auto")
+        _mode_cache[raw] = config.env_choice(ENV, MODES, "auto")
     return _mode_cache[raw]
 
 

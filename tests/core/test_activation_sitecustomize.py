@@ -10,7 +10,7 @@ REPORT = os.path.join(TARGETS, "activation_report.py")
 
 def test_example_on_pythonpath_activates_only_with_colo_shim():
     on = last_json(run_python(REPORT, pythonpath=(EXAMPLE, TARGETS), env={"COLO_SHIM": "1"}))
-    assert on["at_start"] == ["colo_shim", "colo_shim._deferred"], on
+    assert on["at_start"] == ["colo_shim", "colo_shim.core.deferred"], on
     off = last_json(run_python(REPORT, pythonpath=(EXAMPLE, TARGETS)))
     assert off["at_start"] == [] and off["enabled"] is None, off
 

@@ -17,7 +17,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from colo_shim import _config, versions, wrapping
+from colo_shim.core import config
+
+from colo_shim.core import versions
+
+from colo_shim.core import wrapping
 
 log = logging.getLogger("colo_shim")
 
@@ -70,13 +74,13 @@ _broken: dict[str, str] = {}
 
 def families() -> dict[str, Patch]:
     """Import every family declaration once (cheap: families import no target library)."""
-    from colo_shim.patches import FAMILIES
+    from colo_shim.core.families import FAMILIES, MODULES
 
     with _lock:
         for name in FAMILIES:
             if name not in _patches and name not in _broken:
                 try:
-                    register(importlib.import_module(f"colo_shim.patches.{name}").PATCH)
+                    register(importlib.import_module(MODULES[name]).PATCH)
                 except Exception as exc:  # one broken family must not take the others down
                     _broken[name] = f"{type(exc).__name__}: {exc}"
                     log.warning("colo_shim: patch family %s unavailable: %s", name, _broken[name])
@@ -154,10 +158,10 @@ def _hook(module_name: str) -> None:
 
 def install(patches=None, strict=None) -> list[dict]:
     """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread."""
-    strict = _config.strict() if strict is None else bool(strict)
-    _config.configure_logging()
+    strict = config.strict() if strict is None else bool(strict)
+    config.configure_logging()
     known = families()
-    names = _config.requested_patches(tuple(known), patches)
+    names = config.requested_patches(tuple(known), patches)
     with _lock:
         _enabled.update(names)
         for state in _states.values():
@@ -167,7 +171,7 @@ def install(patches=None, strict=None) -> list[dict]:
             if strict and target.distribution:
                 version = versions.installed_version(target.distribution)
                 if version is not None and not versions.supported(version, target.versions):
-                    raise _config.ConfigError(
+                    raise config.ConfigError(
                         f"{state.patch}: {target.distribution} {version} not in {target.versions!r} ({target.key})")
             state.status, state.reason = PENDING, ""
             module = sys.modules.get(target.module)
@@ -175,7 +179,7 @@ def install(patches=None, strict=None) -> list[dict]:
                 _apply(state, module)
                 broken = state.status in (FAILED, UNSUPPORTED) or (state.status == MISSING and target.required)
                 if strict and broken:
-                    raise _config.ConfigError(f"{state.patch} {target.key}: {state.status}: {state.reason}")
+                    raise config.ConfigError(f"{state.patch} {target.key}: {state.status}: {state.reason}")
             else:
                 _hook(target.module)
     return status()

@@ -18,25 +18,37 @@ import sys
 import time
 import weakref
 
-from colo_shim import _config
+from colo_shim.core import config
+from colo_shim.fence import state, worker
 
 log = logging.getLogger("colo_shim.nvrx")
 
 ENV = "COLO_SHIM_NVRX_RELEASE"
 CHOICES = ("inplace", "restart", "none")
+_FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 DEFAULT = "inplace"
 
 _to_rewarm: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> rank
 
 
 def strategy() -> str:
-    return _config.env_choice(ENV, CHOICES, DEFAULT)
+    return config.env_choice(ENV, CHOICES, DEFAULT)
 
 
-def _clear(keep_shm: bool) -> None:
-    from colo_shim.patches import nvrx
-
-    nvrx.clear_training_caches(keep_shm=keep_shm)
+def clear_training_caches(keep_shm: bool = False) -> None:
+    """Make the next cached save re-send its data; keep_shm keeps CPU shm buffers (no GPU held)."""
+    state.sent_ptrs.clear()
+    writer = getattr(sys.modules.get(_FS), "FileSystemWriterAsync", None)
+    if writer is None:
+        return
+    cleanup = getattr(writer, "cleanup_tensor_caches", None)
+    if cleanup is not None and not keep_shm:
+        cleanup()
+        return
+    for name in ("_cached_identifiers", "_cached_tensor_data_ptrs") + (() if keep_shm else ("_shm_tensor_cache",)):
+        cache = getattr(writer, name, None)
+        if cache is not None:
+            cache.clear()
 
 
 def release(queue, deadline: float | None) -> str | None:
@@ -49,11 +61,11 @@ def release(queue, deadline: float | None) -> str | None:
     caller = getattr(queue, "persistent_caller", None)
     proc = getattr(caller, "process", None)
     if proc is None or not proc.is_alive():
-        _clear(keep_shm=False)
+        clear_training_caches(keep_shm=False)
         return "gone"
     if how == "inplace":
         _drop_in_place(caller, deadline)
-        _clear(keep_shm=True)
+        clear_training_caches(keep_shm=True)
         return "inplace"
     _to_rewarm[queue] = caller.rank
     queue.close()
@@ -61,28 +73,26 @@ def release(queue, deadline: float | None) -> str | None:
 
 
 def _drop_in_place(caller, deadline: float | None) -> None:
-    from colo_shim import checkpoint_fence, nvrx_worker
-
     core = sys.modules[type(caller).__module__]
     fields = core.AsyncRequest._fields
-    values = dict(async_fn=nvrx_worker.drop_cached_tensors, async_fn_args=(), finalize_fns=[],
-                  async_fn_kwargs={}, preload_fn=None, call_idx=nvrx_worker.MARKER)
+    values = dict(async_fn=worker.drop_cached_tensors, async_fn_args=(), finalize_fns=[],
+                  async_fn_kwargs={}, preload_fn=None, call_idx=worker.MARKER)
     caller.queue.put(core.AsyncRequest(**{k: v for k, v in values.items() if k in fields}))
     while True:
         try:
             got = caller.comp_q.get(timeout=0.05)
         except _queue.Empty:
             got = None
-        if got == nvrx_worker.MARKER:
+        if got == worker.MARKER:
             return
         if got is not None:
             log.warning("colo_shim: unexpected completion %r while releasing the writer", got)
         if not caller.process.is_alive():
-            raise checkpoint_fence.CheckpointWorkerDied(
-                f"colo_shim fence: rank {checkpoint_fence.rank()}: checkpoint worker died while releasing its cache")
+            raise state.CheckpointWorkerDied(
+                f"colo_shim fence: rank {state.rank()}: checkpoint worker died while releasing its cache")
         if deadline is not None and time.monotonic() > deadline:
-            raise checkpoint_fence.FenceTimeout(
-                f"colo_shim fence: rank {checkpoint_fence.rank()} timed out ({checkpoint_fence.TIMEOUT_ENV}) "
+            raise state.FenceTimeout(
+                f"colo_shim fence: rank {state.rank()} timed out ({state.TIMEOUT_ENV}) "
                 f"waiting for checkpoint worker pid {caller.process.pid} to drop its cache")
 
 

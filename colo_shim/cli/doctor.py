@@ -12,10 +12,9 @@ import importlib
 import importlib.machinery
 import json
 import os
-import socket
 import sys
 
-from colo_shim import _config, registry, versions
+from colo_shim.core import config, registry, versions
 
 COLUMNS = ("name", "target", "status", "installed_version", "supported", "calls", "reason")
 
@@ -54,7 +53,7 @@ def _static(record: dict, wanted: tuple) -> dict:
 
 def report(import_targets: bool = False) -> list[dict]:
     known = tuple(registry.families())
-    wanted = _config.requested_patches(known) if _config.active() else known
+    wanted = config.requested_patches(known) if config.active() else known
     if not import_targets:
         return [_static(r, wanted) for r in registry.status()]
     registry.install(wanted)
@@ -67,17 +66,6 @@ def report(import_targets: bool = False) -> list[dict]:
                 registry.log.warning("colo_shim: doctor could not import %s: %s", module, exc)
     return [_static(r, wanted) if r["status"] in (registry.PENDING, registry.DISABLED) else r
             for r in registry.status()]
-
-
-def dump(directory: str) -> str:
-    """Write this process's status; called at exit when COLO_SHIM_STATUS_DIR is set."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
-    payload = {"host": socket.gethostname(), "pid": os.getpid(), "argv": sys.argv, "records": registry.status()}
-    with open(path + ".tmp", "w") as fh:
-        json.dump(payload, fh, default=str)
-    os.replace(path + ".tmp", path)
-    return path
 
 
 def load(directory: str) -> list[dict]:
@@ -112,8 +100,8 @@ def main(as_json: bool = False, import_targets: bool = False, from_dir: str | No
     if as_json:
         print(json.dumps(records, indent=2, default=str))
         return 0
-    state = os.environ.get(_config.ENABLE)
+    state = os.environ.get(config.ENABLE)
     print(f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r} "
-          f"({'active' if _config.active() else 'inactive: processes with this environment patch nothing'})")
+          f"({'active' if config.active() else 'inactive: processes with this environment patch nothing'})")
     print(format_table(records))
     return 0

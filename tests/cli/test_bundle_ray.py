@@ -25,10 +25,10 @@ class Probe:
     def report(self):
         import os, sys
         out = {"executable": sys.executable, "pid": os.getpid(),
-               "active": "colo_shim._deferred" in sys.modules, "colo_shim": None}
+               "active": "colo_shim.core.deferred" in sys.modules, "colo_shim": None}
         if out["active"]:
             import colo_shim
-            from colo_shim import registry
+            from colo_shim.core import registry
             import shimtarget.sub as t
             t.free(1)
             out.update(colo_shim=colo_shim.__file__,

@@ -61,7 +61,7 @@ def test_processes_write_status_and_doctor_reads_them(tmp_path):
     assert list(tmp_path.iterdir()) == []  # dumps only where the job turned the shim on by environment
     run_python("""
         import colo_shim
-        from colo_shim import registry
+        from colo_shim.core import registry
         print(sorted(registry._enabled))
     """, env={"COLO_SHIM": "megatron", "COLO_SHIM_STATUS_DIR": str(tmp_path)})
     files = list(tmp_path.iterdir())

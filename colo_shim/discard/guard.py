@@ -19,8 +19,8 @@ import threading
 import weakref
 from collections import Counter
 
-from colo_shim import discard_coverage as cov
-from colo_shim import versions
+from colo_shim.core import versions
+from colo_shim.discard import coverage as cov
 
 log = logging.getLogger("colo_shim.vllm")
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 
-from colo_shim.registry import Patch, Target
+from colo_shim.core.registry import Patch, Target
+from colo_shim.fence import fence, state
 
 log = logging.getLogger("colo_shim.megatron")
 
@@ -39,9 +40,7 @@ def _fence_before(reason: str, device_arg: int | None = None):
             device = kwargs.get("device", args[device_arg] if len(args) > device_arg else None)
             if not str(device).startswith("cpu"):
                 return wrapped(*args, **kwargs)
-        from colo_shim import checkpoint_fence
-
-        checkpoint_fence.guarded(reason)
+        fence.guarded(reason)
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -51,9 +50,7 @@ def _rewarm_after(reason: str):
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         try:
-            from colo_shim import checkpoint_fence
-
-            checkpoint_fence.rewarm(reason)
+            fence.rewarm(reason)
         except Exception as exc:
             log.warning("colo_shim: re-warm after %s failed: %s: %s", reason, type(exc).__name__, exc)
         return result
@@ -62,14 +59,12 @@ def _rewarm_after(reason: str):
 
 
 def _tracking(register: str, what: str):
-    """Wrapper for a constructor: hand the new object to checkpoint_fence.<register>."""
+    """Wrapper for a constructor: hand the new object to fence.<register>."""
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         try:
-            from colo_shim import checkpoint_fence
-
-            getattr(checkpoint_fence, register)(instance)
+            getattr(state, register)(instance)
         except Exception as exc:
             log.warning("colo_shim: cannot track %s: %s", what, exc)
         return result
@@ -119,9 +114,7 @@ def _nemo_targets(module: str, cls: str, extra_fixed=None) -> tuple:
 
 
 def _report() -> dict:
-    from colo_shim import checkpoint_fence
-
-    return checkpoint_fence.totals()
+    return state.totals()
 
 
 PATCH = Patch(

@@ -29,12 +29,12 @@ def arm() -> None:
     global _trigger
     if _trigger is not None:
         return
-    from colo_shim import _config
-    from colo_shim.patches import FAMILIES, TRIGGERS
+    from colo_shim.core import config
+    from colo_shim.core.families import FAMILIES, TRIGGERS
 
-    names = _config.requested_patches(FAMILIES)
+    names = config.requested_patches(FAMILIES)
     _trigger = _Trigger({root for name in names for root in TRIGGERS[name]}, names)
-    directory = _config.status_dir()
+    directory = config.status_dir()
     if directory:
         import atexit
 
@@ -51,19 +51,29 @@ def fire() -> None:
     if trigger is None or trigger.fired:
         return
     trigger.fired = True
-    from colo_shim import _config, registry
+    from colo_shim.core import config, registry
 
     try:
         registry.install(trigger.names)
-    except _config.ConfigError:
+    except config.ConfigError:
         raise
     except Exception as exc:  # never break the host's import
-        _config.complain(f"install failed: {type(exc).__name__}: {exc}", strict_mode=False)
+        config.complain(f"install failed: {type(exc).__name__}: {exc}", strict_mode=False)
 
 
 def _dump(directory: str) -> None:
-    import colo_shim
-    from colo_shim import doctor
+    """At exit: this process's status for `colo-shim doctor --from DIR` (decisions happen in Ray actors)."""
+    import json
+    import os
+    import socket
 
-    colo_shim.status()
-    doctor.dump(directory)
+    from colo_shim.core import registry
+
+    fire()
+    registry.families()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
+    payload = {"host": socket.gethostname(), "pid": os.getpid(), "argv": sys.argv, "records": registry.status()}
+    with open(path + ".tmp", "w") as fh:
+        json.dump(payload, fh, default=str)
+    os.replace(path + ".tmp", path)

@@ -61,7 +61,7 @@ def test_bundle_activates_plain_venv_with_pure_python_wrapt(bundle_dir, user_sit
     path = os.pathsep.join([bundle_dir, user_site, TARGETS])
     r = last_json(run_in(python, REPORT, env={"PYTHONPATH": path, "COLO_SHIM": "1"}, args=["--children"]))
     for child in (r, r["subprocess"], r["spawn"]):
-        assert child["at_start"] == ["colo_shim", "colo_shim._deferred"], child
+        assert child["at_start"] == ["colo_shim", "colo_shim.core.deferred"], child
         assert "shimtest" in child["enabled"] and child["layers"] == 1, child
         assert child["calls"]["shimtarget.sub:free"] == 1, child
         assert child["wrapt"] == os.path.join(bundle_dir, "_colo_shim_vendor", "wrapt", "__init__.py"), child

@@ -1,0 +1,89 @@
+"""What the fence knows between calls: the live checkpoint queues, which were sent CUDA tensors.
+
+Kept apart from the fence itself because three places feed it (the NVRx constructor and
+schedule wrappers, the megatron-core and Megatron-Bridge constructors) and the release
+strategies read it; none of them needs the fence's waiting logic. NVRx 0.4.1 and megatron-core's
+own queue have no instance tracker, so construction is observed here. Weak sets: a queue the job
+dropped must not be kept alive by the shim.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+
+TIMEOUT_ENV = "COLO_SHIM_FENCE_TIMEOUT"
+_NVRX_CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+_MEGATRON_SINGLETON = "megatron.training.async_utils"
+
+_queues: "weakref.WeakSet" = weakref.WeakSet()  # every AsyncCallsQueue built while the shim is on
+_holders: "weakref.WeakSet" = weakref.WeakSet()  # objects owning `_async_calls_queue` (Bridge state)
+_cuda_sent: "weakref.WeakSet" = weakref.WeakSet()  # queues whose worker received CUDA tensors
+_totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0}
+
+
+class FenceTimeout(RuntimeError):
+    """A rank waited longer than COLO_SHIM_FENCE_TIMEOUT for its checkpoint writer."""
+
+
+class CheckpointWorkerDied(RuntimeError):
+    """The persistent checkpoint worker exited with a save still pending."""
+
+sent_ptrs: dict = {}  # NVRx cache key -> storage pointers of the CUDA tensors last sent under it
+
+
+def track_queue(queue) -> None:
+    _queues.add(queue)
+
+
+def track_holder(holder) -> None:
+    _holders.add(holder)
+
+
+def note_cuda_sent(queue) -> None:
+    _cuda_sent.add(queue)
+
+
+def totals() -> dict:
+    return dict(_totals, tracked_queues=len(_queues), holding_cuda=len(_cuda_sent))
+
+
+def live_queues() -> list:
+    found = {id(q): q for q in list(_queues)}
+    core = sys.modules.get(_NVRX_CORE)
+    cls = getattr(core, "AsyncCallsQueue", None)
+    if cls is not None and hasattr(cls, "get_instances"):
+        for q in cls.get_instances():
+            found.setdefault(id(q), q)
+    single = getattr(sys.modules.get(_MEGATRON_SINGLETON), "_async_calls_queue", None)
+    if single is not None:
+        found.setdefault(id(single), single)
+    for holder in list(_holders):
+        q = getattr(holder, "_async_calls_queue", None)
+        if q is not None:
+            found.setdefault(id(q), q)
+    return list(found.values())
+
+
+def pending(queue) -> int:
+    calls = getattr(queue, "async_calls", None)
+    return len(calls) if calls is not None else queue.get_num_unfinalized_calls()
+
+
+def rank() -> int:
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", "0"))
+
+
+def describe(queue) -> str:
+    caller = getattr(queue, "persistent_caller", None)
+    proc = getattr(caller, "process", None)
+    worker = f", worker pid {proc.pid}" if proc is not None else ""
+    return (f"{type(queue).__module__}.{type(queue).__qualname__}@{id(queue):#x} "
+            f"({pending(queue)} pending{worker})")
