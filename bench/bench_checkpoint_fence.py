@@ -35,7 +35,7 @@ def child(args) -> dict:
         import colo_shim
 
         colo_shim.install(["nvrx", "megatron"])
-    from colo_shim.fence import fence as checkpoint_fence
+    from colo_shim.checkpoint import fence as checkpoint_fence
     from colo_shim.cli import saver as cs
 
     import shutil

@@ -9,7 +9,12 @@ plus any CPU copy colo-shim itself keeps. Models:
   spec   - scaled + a speculative-decoding drafter head (issue 5);
 and vLLM 0.20 (colo-shim copies the uncovered rest) vs 0.31 (vLLM keeps it via
 sleep_preserve_parameter_names). Prints tables; writes bench/results/discard*.json.
-Run: /work/venv312/bin/python bench/bench_discard.py
+Run: .venv/bin/python bench/bench_discard.py                        (engine double, numbers labelled so)
+
+Real-vLLM mode (issue 9), measured on the engine itself, writes bench/results/discard_real_vllm.json:
+  python3 bench/bench_discard.py --real-vllm                    # on the GPU machine, vLLM installed
+  python3 bench/bench_discard.py --real-vllm --from DIR [DIR ...]  # here: merge what came back
+bench/real_vllm/device.sh has the device calls; bench/real_vllm/scenarios.py the scenarios.
 """
 
 from __future__ import annotations
@@ -110,5 +115,32 @@ def main() -> None:
         json.dump(rows, fh, indent=1)
 
 
+def real_vllm(argv: list[str]) -> None:
+    """Scenarios on real vLLM (bench/real_vllm/), or merge the per-scenario JSON files from DIRs."""
+    import shutil
+
+    sys.path.insert(0, os.path.join(HERE, "real_vllm"))
+    import report
+
+    out = os.path.join(RESULTS, "discard_real_vllm.json")
+    if argv[:1] == ["--from"]:
+        merged = tempfile.mkdtemp(prefix="discard-real-")
+        for d in argv[1:]:  # a later DIR's file of the same scenario wins
+            for f in os.listdir(d):
+                if f.endswith(".json") and not f.startswith("discard_real_vllm"):
+                    shutil.copy(os.path.join(d, f), merged)
+        report.main(merged, out)
+        return
+    import subprocess
+
+    runs = tempfile.mkdtemp(prefix="discard-real-")
+    subprocess.run([sys.executable, os.path.join(HERE, "real_vllm", "scenarios.py"), runs, *argv], check=True,
+                   env=dict(os.environ, OUT=runs))
+    report.main(runs, out)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--real-vllm"]:
+        real_vllm(sys.argv[2:])
+    else:
+        main()

@@ -42,7 +42,7 @@ def importtime_breakdown(python: str, runs: int = 7) -> dict:
     import statistics
 
     watch = ("colo_shim", "colo_shim.core.config", "colo_shim.core.registry", "colo_shim.core.wrapping", "wrapt", "logging",
-             "dataclasses", "colo_shim.fence.nvrx", "colo_shim.fence.megatron", "colo_shim.discard.vllm")
+             "dataclasses", "colo_shim.checkpoint.nvrx", "colo_shim.checkpoint.megatron", "colo_shim.discard.vllm")
     seen = {m: [] for m in watch}
     count = []
     for _ in range(runs):

@@ -35,7 +35,7 @@ def status() -> list[dict]:
 
 def fence(reason: str = ""):
     """Finalize pending async checkpoint saves and release what pins offloaded GPU storage."""
-    from colo_shim.fence.fence import fence as _fence
+    from colo_shim.checkpoint.fence import fence as _fence
 
     return _fence(reason)
 

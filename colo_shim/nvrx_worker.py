@@ -4,4 +4,4 @@ The drop request travels to the worker as a pickled reference; a reference writt
 colo-shim names this module, so the name keeps resolving to the same function.
 """
 
-from colo_shim.fence.worker import MARKER, drop_cached_tensors  # noqa: F401
+from colo_shim.checkpoint.worker import MARKER, drop_cached_tensors  # noqa: F401

@@ -56,7 +56,7 @@ class PolicyDouble:
         torch.save(self.state, self.refit_path)
         return []
 
-    def stream_weights_via_ipc_zmq(self, buffer_size_bytes: int = 0):
+    def stream_weights_via_ipc_zmq(self, buffer_size_bytes: int = 0, kv_scales=None):  # v0.5.0 / main pass kv_scales
         return self._publish()
 
     def broadcast_weights_for_collective(self, kv_scales=None):

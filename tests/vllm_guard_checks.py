@@ -2,7 +2,7 @@
 
 Each check builds a fresh VllmGeneration on the engine double, drives it into one situation and
 records what happened (errors with their messages, levels the engine really used, warnings);
-tests/test_vllm_guard.py asserts on the JSON this prints.
+tests/discard/test_vllm_guard.py asserts on the JSON this prints.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ LOOP_KW = {
     "ep": {"ep": 2},
     "distillation": {"algo": "distillation"},
     "ppo": {"algo": "ppo", "warmup": 3},
+    "ppo_dapo": {"algo": "ppo", "warmup": 3, "dapo": True},
     "grpo_sync": {},
+    "grpo_sync_dapo": {"dapo": True},
     "noncolocated": {"colocated": False},
 }
 
@@ -37,24 +39,37 @@ def _stats(pg):
     return get(pg.worker_group.run_all_workers_single_data("engine_stats"))
 
 
+def typed(mc, algo: str):
+    """On layouts whose algorithm module has a pydantic MasterConfig (main), the job's config is
+    `MasterConfig(**config)`, as examples/run_grpo.py and run_ppo.py build it."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"nemo_rl.algorithms.{algo}")
+    except ModuleNotFoundError:
+        return mc
+    cls = getattr(module, "MasterConfig", None)
+    return cls(**mc) if cls is not None else mc
+
+
 def run_loop(loop: str, steps: int, val_period: int, inline: bool, refit_path: str) -> dict:
     from nemo_rl.algorithms import grpo
     from nemo_rl.distributed.virtual_cluster import RayVirtualCluster
 
     kw = dict(LOOP_KW[loop])
     algo = kw.pop("algo", "grpo")
-    mc = sup.master_config(algo=algo, steps=steps, val_period=val_period, **kw)
+    mc = typed(sup.master_config(algo=algo, steps=steps, val_period=val_period, **kw), algo)
     env, logger = sup.EnvDouble(), sup.Logger()
     policy = sup.PolicyDouble(refit_path, plain=kw.get("plain", False))
     pg = grpo.setup(mc, RayVirtualCluster([1], inline=inline))
-    data = sup.batches(steps * (3 if loop == "dapo" else 1))
+    data = sup.batches(steps * (3 if kw.get("dapo") else 1))
     val = sup.batches(1, seed=99)
     state = {"current_step": 0, "total_steps": 0}
     tasks = {"math": env}
     extra = []
-    if algo == "grpo" and loop not in ("grpo_sync",):
+    if algo == "grpo" and not loop.startswith("grpo_sync"):
         grpo.grpo_train(policy, pg, data, val, None, None, tasks, tasks, logger, None, state, mc)
-    elif loop == "grpo_sync":
+    elif loop.startswith("grpo_sync"):
         import ray
 
         from nemo_rl.algorithms.grpo_sync import grpo_train_sync
@@ -77,7 +92,8 @@ def run_loop(loop: str, steps: int, val_period: int, inline: bool, refit_path: s
     stats = _stats(pg)
     pg.shutdown()
     return {"outputs": env.outputs + extra, "stats": stats, "train_calls": policy.train_calls,
-            "actor_shim": state.get("actor_shim"), "policy_calls": policy.calls}
+            "actor_shim": state.get("actor_shim"), "policy_calls": policy.calls, "config_type": type(mc).__name__,
+            "section_type": type(getattr(mc, algo)).__name__}
 
 
 def driver_report():

@@ -72,6 +72,3 @@ def main(argv=None) -> int:
     args.demo_args = extra
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,14 @@ new values) -> save, each run in a fresh process. On a GPU the writer keeps CUDA
 the table shows memory still held after offload (and, on NVRx 0.6.0, a stale checkpoint). On a
 CPU-only machine NVRx's shared-memory path pins nothing, so the offload step releases the writer
 the upstream way (close the queue, as Megatron's maybe_finalize_async_save(terminate=True) does):
-without the shim the next save then blocks forever, shown as a timeout.
+without the shim the next save then blocks forever.
+
+That hang is reported by its cause, not by a clock: a slow machine makes a healthy save slow, not
+hung. While the child saves, a watcher thread polls the NVRx writer process it started; if that
+process exits while the trainer is still inside the save (blocked in `preload_q.join()`, which
+nothing will ever release), the child prints what happened and exits with HANG_EXIT, and the
+parent names the cause from the writer's exit code and its "Worker cache miss" traceback. The
+`--timeout` is only a last resort for a stall with no detected cause, reported as such.
 """
 
 from __future__ import annotations
@@ -17,9 +24,27 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 MIB = 1 << 20
+HANG_EXIT = 3  # the child's exit code when its NVRx writer died while the trainer waited on it
+
+
+def _watch_writer(queue, what: str) -> threading.Event:
+    """Exit with HANG_EXIT when the queue's persistent writer process dies during `what`; set() to stop."""
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.1):
+            process = getattr(getattr(queue, "persistent_caller", None), "process", None)
+            code = process.exitcode if process is not None else None  # a non-blocking poll
+            if code is not None and not stop.is_set():
+                print(json.dumps({"hang": what, "writer_exitcode": code}), flush=True)
+                os._exit(HANG_EXIT)  # the main thread is stuck in preload_q.join(): nothing else can end it
+
+    threading.Thread(target=watch, name="colo-shim-demo-watch", daemon=True).start()
+    return stop
 
 
 def _child(args) -> dict:
@@ -31,7 +56,7 @@ def _child(args) -> dict:
         colo_shim.install(["nvrx", "megatron"])
     import nvidia_resiliency_ext
 
-    from colo_shim.fence import fence as shim_fence
+    from colo_shim.checkpoint import fence as shim_fence
 
     from colo_shim.cli import saver as cs
 
@@ -83,8 +108,10 @@ def _child(args) -> dict:
         shim_fence.rewarm("demo reload")
     final = state()
     print("saving after reload", flush=True)
+    watching = _watch_writer(q, "save after reload")
     cs.async_save(q, final, f"{root}/after", cached=True, shm=shm)
     cs.finalize(q)
+    watching.set()
     got = cs.load(f"{root}/after", final)
     equal = all(torch.equal(got[k], final[k].cpu()) for k in final)
     q.close()
@@ -102,23 +129,41 @@ def _run(shim: bool, args) -> dict:
                             start_new_session=True)
     t0 = time.perf_counter()
     try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        note = "hung in the save after reload" if "saving after reload" in out else "timed out"
-        if "Worker cache miss" in err:
-            note += " (the fresh NVRx worker died on a cache miss)"
-        return {"shim": shim, "error": f"{note}; killed after {time.perf_counter() - t0:.0f}s"}
+        while True:  # NVRx writers of a child that exited keep the pipes open: end them, then read the rest
+            try:
+                out, err = proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if proc.poll() is not None:
+                    _kill_group(proc)
+                elif time.perf_counter() - t0 > args.timeout:  # last resort only: no cause was detected
+                    _kill_group(proc)
+                    proc.communicate()
+                    return {"shim": shim, "error": f"timed out after {time.perf_counter() - t0:.0f}s with no detected "
+                                                    f"cause (--timeout is a safety limit, not a hang diagnosis)"}
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # any writer left behind
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)  # any writer left behind
+    if proc.returncode == HANG_EXIT:
+        report = next((json.loads(line) for line in reversed(out.splitlines()) if line.startswith('{"hang"')), {})
+        code = report.get("writer_exitcode", "?")
+        if "Worker cache miss" in err:
+            cause = f"the NVRx writer died on a cache miss (exit code {code})"
+        else:
+            cause = f"the NVRx writer exited (exit code {code})"
+        return {"shim": shim, "error": f"hang: {cause} while the trainer waited for it in preload_q.join() "
+                                        f"({report.get('hang', 'save')})", "cause": "writer_died",
+                "cache_miss": "Worker cache miss" in err}
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
         return {"shim": shim, "error": (err.strip().splitlines() or ["failed"])[-1][:120]}
     return dict(json.loads(lines[-1]), shim=shim)
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _fmt_bytes(n) -> str:
@@ -130,7 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mib", type=float, default=None, help="size of params + Adam state (default 1024 GPU, 16 CPU)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds before a run counts as hung")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="safety limit per run in seconds (a hang is detected by its cause, not by this)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
     if args.mib is None:

@@ -104,4 +104,18 @@ def main(as_json: bool = False, import_targets: bool = False, from_dir: str | No
     print(f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r} "
           f"({'active' if config.active() else 'inactive: processes with this environment patch nothing'})")
     print(format_table(records))
+    fence_rows = _fence_advice()
+    if fence_rows:
+        print("\ncheckpoint fence:")
+        print(format_table(fence_rows))
     return 0
+
+
+def _fence_advice() -> list[dict]:
+    """The release strategy that fits this job, and whether this NVRx build was tested."""
+    try:
+        from colo_shim.checkpoint import advice
+
+        return advice.rows()
+    except Exception as exc:  # advice must never break doctor
+        return [dict(name="nvrx", target="release strategy", status="unknown", reason=f"{type(exc).__name__}: {exc}")]

@@ -9,8 +9,8 @@ declared target.
 
 FAMILIES = ("nvrx", "megatron", "vllm")
 MODULES = {
-    "nvrx": "colo_shim.fence.nvrx",
-    "megatron": "colo_shim.fence.megatron",
+    "nvrx": "colo_shim.checkpoint.nvrx",
+    "megatron": "colo_shim.checkpoint.megatron",
     "vllm": "colo_shim.discard.vllm",
 }
 TRIGGERS = {

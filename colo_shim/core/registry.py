@@ -3,7 +3,10 @@
 A family declares what it wraps (Target) and where it is safe (versions, upstream-fix detector);
 this module decides when: at once if the target module is already imported, else from a wrapt
 post-import hook. wrapt hooks fire once and cannot be unregistered, so each hook only consults
-state here, which is what makes uninstall/re-install and repeated install() calls safe.
+state here, which is what makes uninstall/re-install and repeated install() calls safe. A class
+that `@ray.remote` turned into an actor class captured its methods before any hook ran:
+core/ray_actors.py points those at the patch, here and in the actor process, and status() says
+`shadowed` wherever it could not.
 """
 
 from __future__ import annotations
@@ -14,18 +17,16 @@ import itertools
 import logging
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Callable
 
-from colo_shim.core import config
-
-from colo_shim.core import versions
-
-from colo_shim.core import wrapping
+from colo_shim.core import config, ray_actors, versions, wrapping
 
 log = logging.getLogger("colo_shim")
 
-APPLIED, PENDING, NOT_NEEDED = "applied", "pending", "not-needed"
+APPLIED, PENDING, NOT_NEEDED, SHADOWED = "applied", "pending", "not-needed", "shadowed"
+RAY_CLASS = ".__ray_actor_class__"  # a target on the class behind a Ray ActorClass (NeMo-RL <= v0.5)
 UNSUPPORTED, MISSING, DISABLED, FAILED = "unsupported-version", "target-missing", "disabled", "failed"
 
 
@@ -62,6 +63,7 @@ class _State:
     counter: object = field(default_factory=lambda: itertools.count(1), repr=False)
     original: object = field(default=wrapping._MISSING, repr=False)
     owner: object = field(default=None, repr=False)
+    twins: list = field(default_factory=list, repr=False)  # (owner, original): copies Ray unpickled here
 
 
 _lock = threading.RLock()
@@ -104,24 +106,35 @@ def _gate(state: _State) -> Callable:
     return functools.partial(next, state.counter)
 
 
-def _apply(state: _State, module) -> None:
+def _apply(state: _State, module, owner=None) -> None:
+    """Patch the target in module; with owner, patch that class instead (a copy Ray unpickled here)."""
     target = state.target
     key = f"{state.patch}:{target.key}"
+    twin = state.status == APPLIED
     try:
-        if target.distribution:
+        if target.distribution and not twin:
             state.installed_version = versions.installed_version(target.distribution)
             if not versions.supported(state.installed_version, target.versions):
                 state.status = UNSUPPORTED
                 state.reason = f"{target.distribution} {state.installed_version} not in {target.versions!r}"
                 log.warning("colo_shim: skipped %s %s: %s", state.patch, target.key, state.reason)
                 return
-        try:
-            owner, name = wrapping.resolve_owner(module, target.attribute)
-        except AttributeError as exc:
-            state.status, state.reason = MISSING, str(exc)
-            (log.warning if target.required else log.debug)("colo_shim: %s %s: %s", state.patch, target.key, exc)
+        if owner is not None:
+            name = target.attribute.rsplit(".", 1)[-1]
+            if not hasattr(owner, name):
+                return
+        else:
+            try:
+                owner, name = wrapping.resolve_owner(module, target.attribute)
+            except AttributeError as exc:
+                if twin:
+                    return
+                state.status, state.reason = MISSING, str(exc)
+                (log.warning if target.required else log.debug)("colo_shim: %s %s: %s", state.patch, target.key, exc)
+                return
+        if owner is state.owner or any(owner is o for o, _ in state.twins):
             return
-        fixed = target.upstream_fixed(module) if target.upstream_fixed else None
+        fixed = target.upstream_fixed(module) if target.upstream_fixed and not twin else None
         if fixed:
             state.status, state.reason = NOT_NEEDED, fixed
             log.info("colo_shim: %s %s not needed: %s", state.patch, target.key, fixed)
@@ -129,21 +142,69 @@ def _apply(state: _State, module) -> None:
         current = vars(owner).get(name, wrapping._MISSING)
         if wrapping.is_ours(current, key):  # left in place, silenced, by an earlier uninstall
             wrapping.set_enabled(current, _gate(state))
+            original = wrapping._MISSING
         else:
-            state.original = wrapping.wrap(owner, name, target.wrapper, key, enabled=_gate(state))
-        state.owner = owner
-        state.status, state.reason = APPLIED, ""
-        log.info("colo_shim: patched %s %s (%s %s)", state.patch, target.key,
-                 target.distribution or module.__name__, state.installed_version or "unknown version")
+            original = wrapping.wrap(owner, name, target.wrapper, key, enabled=_gate(state))
+        if twin:
+            state.twins.append((owner, original))
+        else:
+            state.owner, state.original = owner, original
+            state.status, state.reason = APPLIED, ""
+        log.info("colo_shim: patched %s %s%s (%s %s)", state.patch, target.key, " (Ray actor copy)" if twin else "",
+                 target.distribution or target.module, state.installed_version or "unknown version")
+        _reach(state)
     except Exception as exc:  # a broken patch must not break the host's import
+        if twin:  # the target holds where it was applied; status() says if an actor class bypasses it
+            log.warning("colo_shim: patch %s %s on a Ray actor copy failed: %s: %s", state.patch, target.key,
+                        type(exc).__name__, exc)
+            return
         state.status, state.reason = FAILED, f"{type(exc).__name__}: {exc}"
         log.warning("colo_shim: patch %s %s failed: %s", state.patch, target.key, state.reason)
+
+
+def _owners(state: _State) -> list:
+    return ([state.owner] if state.owner is not None else []) + [o for o, _ in state.twins]
+
+
+def _reach(state: _State) -> None:
+    """Ray actor classes made from a patched class captured its methods: point them at the patch."""
+    name = state.target.attribute.rsplit(".", 1)[-1]
+    for owner in _owners(state):
+        ray_actors.reach(owner, name)
+
+
+def _class_path(target: Target) -> str:
+    path = target.attribute.rpartition(".")[0]
+    return path[: -len(RAY_CLASS)] if path.endswith(RAY_CLASS) else path
+
+
+def _on_actor_class(cls) -> None:
+    """Ray loaded an actor class into this process: patch each class of its MRO that a target names.
+
+    Its bases are the module's own classes where pickled by reference, else by-value copies with
+    the same module and qualname that nothing imported here (the whole worker class, NeMo-RL <= v0.5).
+    """
+    with _lock:
+        for base in cls.__mro__[1:]:
+            where, qualname = getattr(base, "__module__", None), getattr(base, "__qualname__", None)
+            for state in list(_states.values()):
+                target = state.target
+                if (state.patch in _enabled and state.status in (PENDING, APPLIED) and target.module == where
+                        and _class_path(target) == qualname):
+                    module = sys.modules.get(where) or types.SimpleNamespace(
+                        __name__=where, **{c.__qualname__: c for c in cls.__mro__
+                                           if c.__module__ == where and "." not in c.__qualname__})
+                    _apply(state, module, owner=base)
+        for state in _states.values():
+            if state.status == APPLIED:
+                _reach(state)
 
 
 def _on_import(module) -> None:
     with _lock:
         for state in list(_states.values()):
-            if state.target.module == module.__name__ and state.patch in _enabled and state.status == PENDING:
+            # APPLIED too: when a Ray actor's copy of the class came first, the module's own class follows
+            if state.target.module == module.__name__ and state.patch in _enabled and state.status in (PENDING, APPLIED):
                 _apply(state, module)
 
 
@@ -182,6 +243,10 @@ def install(patches=None, strict=None) -> list[dict]:
                     raise config.ConfigError(f"{state.patch} {target.key}: {state.status}: {state.reason}")
             else:
                 _hook(target.module)
+        try:
+            ray_actors.install(_on_actor_class)
+        except Exception as exc:  # Ray internals drifted: status() says where a patch is shadowed
+            log.warning("colo_shim: Ray actor support unavailable: %s: %s", type(exc).__name__, exc)
     return status()
 
 
@@ -197,9 +262,12 @@ def uninstall() -> None:
                     if ours is not None:
                         wrapping.set_enabled(ours, False)
                     log.warning("colo_shim: %s was re-wrapped by another library; left inert", state.target.key)
-            state.status, state.reason, state.owner = DISABLED, "", None
+                for owner, original in state.twins:
+                    wrapping.unwrap(owner, name, original, key)
+            state.status, state.reason, state.owner, state.twins = DISABLED, "", None, []
             state.original = wrapping._MISSING
         _enabled.clear()
+        ray_actors.uninstall()
 
 
 def _find_ours(obj, key: str):
@@ -228,8 +296,8 @@ def status() -> list[dict]:
             {
                 "name": s.patch,
                 "target": s.target.key,
-                "status": s.status,
-                "reason": s.reason,
+                "status": row[0],
+                "reason": row[1],
                 "installed_version": s.installed_version,
                 "distribution": s.target.distribution,
                 "supported": s.target.versions,
@@ -237,4 +305,25 @@ def status() -> list[dict]:
                 "details": details.get(s.patch, {}),
             }
             for s in _states.values()
+            for row in (_reachable(s),)
         ]
+
+
+def _reachable(state: _State) -> tuple[str, str]:
+    """(status, reason) as this process really calls the target: never `applied` when bypassed."""
+    if state.status != APPLIED:
+        return state.status, state.reason
+    name = state.target.attribute.rsplit(".", 1)[-1]
+    try:
+        found = ray_actors.verdict(_owners(state), name, _env_requests(state.patch), state.patch)
+    except Exception as exc:  # never let the report break status()
+        return state.status, f"{state.reason} (Ray actor check failed: {type(exc).__name__}: {exc})".strip()
+    return (SHADOWED, found[1]) if found and found[0] == "shadowed" else found or (state.status, state.reason)
+
+
+def _env_requests(patch: str) -> bool:
+    """Whether processes inheriting this environment (NeMo-RL copies it into every actor) enable patch."""
+    try:
+        return config.active() and patch in config.requested_patches(tuple(_patches))
+    except Exception:
+        return False

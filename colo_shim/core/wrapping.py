@@ -10,6 +10,7 @@ bound function getattr would return.
 from __future__ import annotations
 
 import importlib
+import operator
 import types
 
 import wrapt
@@ -24,12 +25,26 @@ def _resolve(module: str, qualname: str):
     return obj
 
 
+def _by_reference(obj, parent):
+    """Pickle as (module, qualname) only when that path leads back to this wrapper, as cloudpickle
+    decides for functions; otherwise as the wrapped object itself. A Ray actor class of NeMo-RL
+    <= v0.5 is such a case: the module's name is the ActorClass, whose attribute is Ray's own
+    method, so a reference would resolve to a method bound to the ActorClass in the receiver."""
+    try:
+        found = _resolve(obj.__module__, obj.__qualname__)
+    except Exception:
+        found = None
+    if found is parent or getattr(found, "_self_parent", None) is parent:
+        return _resolve, (obj.__module__, obj.__qualname__)
+    return operator.itemgetter(0), ((obj.__wrapped__,),)
+
+
 class _BoundWrapper(wrapt.BoundFunctionWrapper):
     def __reduce_ex__(self, protocol):
         try:  # bound to an instance or, for a classmethod, to the class
             return getattr, (self.__self__, self.__name__)
         except AttributeError:  # reached through the class: plain function or staticmethod
-            return _resolve, (self.__module__, self.__qualname__)
+            return _by_reference(self, self._self_parent)
 
     def __reduce__(self):
         return self.__reduce_ex__(2)
@@ -51,7 +66,7 @@ class ShimWrapper(wrapt.FunctionWrapper):
         self._self_colo_shim_key = owner_key
 
     def __reduce_ex__(self, protocol):
-        return _resolve, (self.__module__, self.__qualname__)
+        return _by_reference(self, self)
 
     def __reduce__(self):
         return self.__reduce_ex__(2)

@@ -1,4 +1,4 @@
-"""Which parameters a refit rewrites, and keeping the others across a level-2 sleep (issue 5).
+"""Which parameters a refit rewrites, and keeping the others across a level-2 sleep (issues 5, 8).
 
 Level 2 destroys every tensor vLLM allocated while loading; a refit restores only what it sends.
 Parameters outside the refit (a VLM's layer scales, a speculative drafter, tensors derived in
@@ -6,7 +6,19 @@ Parameters outside the refit (a VLM's layer scales, a speculative drafter, tenso
 level 2 (NeMo-RL #2658). Instead of refusing to discard such models, colo-shim learns the refit's
 coverage from the names `model.load_weights` reports while the refit runs at level 1, and keeps
 only the uncovered rest: vLLM >= 0.31 copies it itself (`sleep_preserve_parameter_names`); older
-vLLM gets a CPU copy taken here before the sleep and written back once the refit is done.
+vLLM gets a CPU copy taken here before the sleep.
+
+The copy is written back as soon as the weights are mapped again (`wake_up(["weights"])`), before
+the refit, not after it: NeMo-RL v0.5+ ends every refit with `process_weights_after_loading`,
+which recomputes derived tensors (FP8 weight and KV scales) that `load_weights` does not report;
+restored after the refit, the old copies overwrote those fresh values (stale scales, wrong
+tokens). Restored before, the refit's own post-processing wins and untouched tensors keep theirs.
+
+vLLM keeps a speculative drafter in `model_runner.drafter.model`, outside `model_runner.model`,
+in the same sleep-mode pool, and its level-2 buffer saving skips the drafter's buffers. Its
+parameters and buffers are tracked under the prefix `drafter:`; a refit that feeds the drafter
+(Eagle3 `draft.` weights, a co-trained MTP layer) covers them through the drafter's own
+`load_weights`; a drafter loaded once from disk stays uncovered and is copied like the rest.
 
 The `*_rpc` functions run inside vLLM's worker through `collective_rpc(callable)` (vLLM calls it
 with the worker as first argument): that is the only process holding the model, and it may not
@@ -19,39 +31,72 @@ import glob
 
 _RECORD = "_colo_shim_record"
 _SAVED = "_colo_shim_preserved"
+DRAFTER = "drafter:"
 
 
 def _model(worker):
     return worker.model_runner.model
 
 
+def _drafter(worker):
+    owner = getattr(worker.model_runner, "drafter", None)
+    model = getattr(owner, "model", None) if owner is not None else None
+    return model if hasattr(model, "named_parameters") else None
+
+
+def _modules(worker) -> list:
+    """(name prefix, module) of every model the refit may write: the model, then the drafter."""
+    out = [("", _model(worker))]
+    drafter = _drafter(worker)
+    if drafter is not None:
+        out.append((DRAFTER, drafter))
+    return out
+
+
+def _tensors(worker) -> dict:
+    """Every tensor level 2 loses that the shim may have to keep, by tracked name."""
+    out = dict(_model(worker).named_parameters())
+    drafter = _drafter(worker)
+    if drafter is not None:  # vLLM saves model.named_buffers() at level 2, not the drafter's
+        out.update({DRAFTER + n: t for n, t in drafter.named_parameters()})
+        out.update({DRAFTER + n: t for n, t in drafter.named_buffers()})
+    return out
+
+
+def outside_model(names) -> bool:
+    """True if some names are the drafter's, which vLLM's preserve globs do not reach."""
+    return any(n.startswith(DRAFTER) for n in names)
+
+
 def begin_record_rpc(worker) -> bool:
-    """Record the names `load_weights` reports for the duration of one weight update."""
-    model = _model(worker)
-    end_record_rpc(worker)  # a previous update that raised must not leave its recorder behind
-    original = model.load_weights
+    """Record the names each model's `load_weights` reports for the duration of one weight update."""
+    end_record_rpc(worker)  # a previous update that raised must not leave its recorders behind
     record = {"names": set(), "unknown": False}
+    for prefix, model in _modules(worker):
+        original = getattr(model, "load_weights", None)
+        if original is None:
+            continue
 
-    def load_weights(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if isinstance(result, (set, frozenset, list, tuple)):
-            record["names"].update(result)
-        else:  # this model does not say what it wrote: coverage cannot be trusted
-            record["unknown"] = True
-        return result
+        def load_weights(*args, _original=original, _prefix=prefix, **kwargs):
+            result = _original(*args, **kwargs)
+            if isinstance(result, (set, frozenset, list, tuple)):
+                record["names"].update(_prefix + n for n in result)
+            else:  # this model does not say what it wrote: coverage cannot be trusted
+                record["unknown"] = True
+            return result
 
-    model.load_weights = load_weights
+        model.load_weights = load_weights
     setattr(worker, _RECORD, record)
     return True
 
 
 def end_record_rpc(worker) -> dict:
-    """Stop recording; return the written names (None = unknown) and every parameter's size."""
-    model = _model(worker)
+    """Stop recording; return the written names (None = unknown) and every tracked tensor's size."""
     record = worker.__dict__.pop(_RECORD, None)
-    if "load_weights" in vars(model):
-        del model.load_weights
-    params = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    for _, model in _modules(worker):
+        if "load_weights" in vars(model):
+            del model.load_weights
+    params = {n: t.numel() * t.element_size() for n, t in _tensors(worker).items()}
     written = None
     if record is not None and not record["unknown"]:
         written = sorted(record["names"])
@@ -59,24 +104,24 @@ def end_record_rpc(worker) -> dict:
 
 
 def snapshot_rpc(worker, names: list[str]) -> int:
-    """Copy the named parameters to CPU before a level-2 sleep destroys them; returns bytes."""
+    """Copy the named tensors to CPU before a level-2 sleep destroys them; returns bytes."""
     wanted = set(names)
-    saved = {n: p.detach().to("cpu", copy=True) for n, p in _model(worker).named_parameters() if n in wanted}
+    saved = {n: t.detach().to("cpu", copy=True) for n, t in _tensors(worker).items() if n in wanted}
     setattr(worker, _SAVED, saved)
     return sum(t.numel() * t.element_size() for t in saved.values())
 
 
 def restore_rpc(worker) -> int:
-    """Write the CPU copies back into the woken weights (after the refit, before the KV cache)."""
+    """Write the CPU copies back into the woken weights (right after wake_up(["weights"]))."""
     saved = worker.__dict__.pop(_SAVED, {})
     if not saved:
         return 0
-    params = dict(_model(worker).named_parameters())
+    tensors = _tensors(worker)
     import torch
 
     with torch.no_grad():
         for name, tensor in saved.items():
-            params[name].data.copy_(tensor.to(params[name].device))
+            tensors[name].data.copy_(tensor.to(tensors[name].device))
     return sum(t.numel() * t.element_size() for t in saved.values())
 
 
@@ -90,6 +135,13 @@ def set_preserve_globs_rpc(worker, names: list[str]) -> int:
 def held_bytes_rpc(worker) -> int:
     """CPU bytes the shim itself holds in this worker (for the benchmark and the report)."""
     return sum(t.numel() * t.element_size() for t in worker.__dict__.get(_SAVED, {}).values())
+
+
+def wake_steps(st, tags) -> list:
+    """Steps to run right after a wake-up: the CPU copies go back once the weights are mapped."""
+    if (tags is None or "weights" in tags) and st.discarded and st.preserve_mode == "shim-cpu-copy":
+        return [(restore_rpc, ())]
+    return []
 
 
 class Coverage:

@@ -56,6 +56,7 @@ class EngineState:
         self.kind = type(engine).__name__
         self.pending_level: int | None = None
         self.pending_site = ""
+        self.asleep: set[str] = set()  # vLLM's sleeping tags as the wrappers saw them
         self.discarded = False
         self.site = ""
         self.origin = ""
@@ -76,6 +77,7 @@ class EngineState:
             "sleeps": {f"level{k}": v for k, v in sorted(self.levels.items())},
             "reasons": dict(self.reasons),
             "discarded_now": self.discarded,
+            "asleep": sorted(self.asleep),
             "coverage": self.coverage.state,
             "uncovered_names": self.coverage.uncovered(),
             "preserve_mode": self.preserve_mode,
@@ -109,13 +111,21 @@ def is_control(tags) -> bool:
 
 
 def control(st: EngineState, tags) -> None:
-    """Driver's request for the next sleep: colo_shim:sleep_level=N, colo_shim:site=..."""
+    """Driver's request for the next sleep: colo_shim:sleep_level=N, colo_shim:site=..., colo_shim:cancel."""
     for tag in tags:
         key, _, value = tag[len(CONTROL):].partition("=")
         if key == "sleep_level":
             st.pending_level = int(value)
         elif key == "site":
             st.pending_site = value
+        elif key == "cancel":  # the finish that sent the request failed before its sleep
+            expire(st)
+
+
+def expire(st: EngineState) -> None:
+    """A request belongs to the sleep right after it: anything else in between means its finish
+    failed, and a stale level 2 must not reach a later sleep that was meant to keep."""
+    st.pending_level, st.pending_site = None, ""
 
 
 def request(st: EngineState, level: int, site: str) -> None:
@@ -125,7 +135,9 @@ def request(st: EngineState, level: int, site: str) -> None:
 def plan_sleep(st: EngineState, level_arg: int) -> tuple[int, list, str]:
     """Effective level and the in-worker steps to run before the sleep; plus the reason."""
     requested, site = st.pending_level, st.pending_site
-    st.pending_level, st.pending_site = None, ""
+    expire(st)
+    if st.asleep:  # vLLM ignores a sleep while asleep ("Executor is already sleeping"): change nothing
+        return level_arg, [], "engine already asleep: vLLM ignores this sleep"
     st.preserve_mode, st.preserved_names, st.preserved_bytes = None, [], 0
     if requested is None:  # a direct llm.sleep(level=N) by the caller: honoured, only tracked
         st.site = ""
@@ -147,7 +159,7 @@ def plan_sleep(st: EngineState, level_arg: int) -> tuple[int, list, str]:
     st.preserved_names = names
     if not names:
         return 2, [], "refit rewrites every parameter"
-    if version >= PRESERVE_NAMES:
+    if version >= PRESERVE_NAMES and not cov.outside_model(names):  # vLLM's globs miss the drafter
         st.preserve_mode = "vllm-sleep_preserve_parameter_names"
         return 2, [(cov.set_preserve_globs_rpc, (names,))], "uncovered parameters kept by vLLM"
     st.preserve_mode = "shim-cpu-copy"
@@ -167,19 +179,23 @@ def fallback(st: EngineState, exc: BaseException) -> int:
 
 
 def after_sleep(st: EngineState, level: int, reason: str) -> None:
-    st.levels[level] += 1
     st.reasons[reason] += 1
+    if st.asleep or level < 1:  # a no-op (vLLM ignores a sleep while asleep; level 0 only pauses
+        return                     # scheduling): the weights stay what they were, discarded stays so
+    st.asleep = {"weights", "kv_cache"}
+    st.levels[level] += 1
     shim_bytes = st.preserved_bytes if level >= 2 and st.preserve_mode == "shim-cpu-copy" else 0
     st.history.append({"level": level, "reason": reason, "shim_cpu_bytes": shim_bytes,
                        "preserve_mode": st.preserve_mode if level >= 2 else None})
-    st.discarded = level >= 2
-    st.updated = False
+    if level >= 2 or not st.discarded:  # level 1 backs up garbage as faithfully as good weights
+        st.discarded, st.updated = level >= 2, False
     st.coverage.start_cycle()
     if st.preserve_mode != "shim-cpu-copy" and level < 2:
         st.preserved_names, st.preserved_bytes = [], 0
 
 
 def after_update(st: EngineState, result, records: list[dict] | None) -> None:
+    expire(st)
     ok = bool(result) and all(bool(r) for r in (result if isinstance(result, list) else [result]))
     if ok:
         st.updated = True
@@ -196,6 +212,7 @@ def _error(st: EngineState, what: str) -> ColoShimDiscardError:
 
 def before_wake(st: EngineState, tags) -> list:
     """Raise before a kv_cache/full wake-up on discarded weights; return restore steps."""
+    expire(st)
     wants_kv = tags is None or "kv_cache" in tags
     if not wants_kv:
         return []
@@ -210,15 +227,18 @@ def before_wake(st: EngineState, tags) -> list:
         raise _error(st, "a %s wake-up" % ("full" if tags is None else "kv_cache"))
     lost = [n for n in missing if n not in set(st.preserved_names)]
     if lost:
+        st.updated = False  # the next wake-up must raise too, not pass on a closed coverage cycle
         raise _error(st, f"the refit did not rewrite {len(lost)} parameter(s) ({', '.join(lost[:3])})")
-    return [(cov.restore_rpc, ())] if st.preserve_mode == "shim-cpu-copy" else []
+    return []  # the shim's CPU copies went back at the weights wake-up (coverage.wake_steps)
 
 
 def after_wake(st: EngineState, tags) -> None:
+    st.asleep = set() if tags is None else st.asleep - set(tags)
     if tags is None or "kv_cache" in tags:
         st.discarded = False
 
 
 def check_generate(st: EngineState) -> None:
+    expire(st)
     if st.discarded:
         raise _error(st, "generate")

@@ -25,6 +25,7 @@ import sys
 import threading
 import weakref
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from colo_shim.core import config
@@ -89,14 +90,40 @@ def _take_validated() -> bool:
     return flag
 
 
-def _section(master_config, name: str) -> dict:
-    value = getattr(master_config, name, None)
-    if value is None:
+MISSING = object()
+
+
+def read(obj, *path):
+    """The value at `path`, or MISSING; never raises.
+
+    NeMo-RL's configs changed type under the shim: plain dicts up to v0.6, a pydantic MasterConfig
+    over dict sections in v0.7, pydantic sections on main since PR #2518 (`master_config.grpo` is
+    a GRPOConfig, not a dict). Reading only dicts made main's `use_dynamic_sampling` look false
+    and DAPO's incomplete batches regenerate on discarded weights. So every step reads a Mapping
+    by key and anything else (pydantic model, extras of extra="allow", namespace) by attribute,
+    then by key; what cannot be read is MISSING and the caller keeps.
+    """
+    for key in path:
+        if obj is None or obj is MISSING:
+            return MISSING
         try:
-            value = master_config[name]
+            if isinstance(obj, Mapping):
+                obj = obj[key] if key in obj else MISSING
+                continue
+            value = getattr(obj, key, MISSING)
+            if value is MISSING and hasattr(type(obj), "__getitem__"):
+                try:
+                    value = obj[key]
+                except (KeyError, IndexError, TypeError):
+                    value = MISSING
+            obj = value
         except Exception:
-            value = None
-    return value if isinstance(value, dict) else {}
+            return MISSING
+    return obj
+
+
+# loop kind -> config section holding use_dynamic_sampling (None: that loop has no DAPO)
+DAPO_SECTION = {"grpo": "grpo", "grpo_sync": "grpo", "grpo_sync_actor": "grpo", "ppo": "ppo", "distillation": None}
 
 
 def _caller() -> tuple[str, object]:
@@ -121,12 +148,14 @@ def _loop(frame) -> tuple[str, object]:
 
 def _config_gate(generation) -> str:
     """Reasons from the generation config alone (keep, whatever the loop)."""
-    cfg = getattr(generation, "cfg", {}) or {}
-    vkw = cfg.get("vllm_kwargs", {}) or {}
-    if vkw.get("enable_lora") or (cfg.get("lora_cfg") or {}).get("enabled"):
+    cfg = getattr(generation, "cfg", None)
+    if any(v is not MISSING and bool(v) for v in (read(cfg, "vllm_kwargs", "enable_lora"),
+                                                  read(cfg, "lora_cfg", "enabled"))):
         return "LoRA adapters do not survive level 2 (vLLM #39934)"
     version = vllm_version()
-    if (cfg.get("vllm_cfg", {}) or {}).get("expert_parallel_size", 1) > 1 and (version is None or version < (0, 11)):
+    ep = read(cfg, "vllm_cfg", "expert_parallel_size")
+    ep = 1 if ep is MISSING or ep is None else ep
+    if (not isinstance(ep, int) or ep > 1) and (version is None or version < (0, 11)):
         return "expert parallel on vLLM < 0.11 (or unknown) breaks at level 2 (vLLM PR #25458)"
     if version is not None and version < (0, 8, 5):
         return "vLLM < 0.8.5 loses buffers at level 2"
@@ -143,10 +172,16 @@ def _auto(kind: str, frame) -> tuple[int, str]:
             mc = getattr(loc["self"], "master_config", None)
         if mc is None:
             return 1, f"{kind}: training config not readable"
-        algo = "ppo" if kind == "ppo" else "grpo"
-        if _section(mc, algo).get("use_dynamic_sampling"):
-            return 1, ("DAPO dynamic sampling: batch completeness is decided after this finish; "
-                       "an incomplete batch generates again without a refit")
+        section = DAPO_SECTION[kind]
+        if section:
+            dapo = read(mc, section, "use_dynamic_sampling")
+            if dapo is MISSING and kind == "grpo" and "dynamic_sampling" not in frame.f_globals:
+                dapo = False  # v0.3: no DAPO at all (no dynamic_sampling in grpo.py, no key in its config)
+            if not isinstance(dapo, bool):
+                return 1, f"{kind}: {section}.use_dynamic_sampling not readable"
+            if dapo:
+                return 1, ("DAPO dynamic sampling: batch completeness is decided after this finish; "
+                           "an incomplete batch generates again without a refit")
         if kind == "ppo":
             steps, start = loc.get("total_steps"), loc.get("policy_training_start_step")
             if not isinstance(steps, int) or not isinstance(start, int):
@@ -185,11 +220,9 @@ def record(generation, decision: Decision) -> None:
         _reasons[decision.reason] += 1
         _recent.append({"site": decision.site, "level": decision.level, "reason": decision.reason,
                         "source": decision.source, "loop": decision.loop})
-        try:
+        try:  # a keep finish after a discard restores nothing: only a successful wake-up clears
             if decision.level >= 2:
                 _mirror[generation] = {"site": decision.site, "refit": False}
-            else:
-                _mirror.pop(generation, None)
         except TypeError:  # not weak-referenceable: no driver-side mirror for it
             pass
 

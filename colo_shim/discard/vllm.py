@@ -4,8 +4,9 @@ NeMo-RL's colocated finish_generation always sleeps at level 1, copying every we
 CPU memory just before training - the job's CPU peak - although the refit overwrites them
 before the next generation. This family adds `finish_generation(..., refit_pending=None)`:
 True discards (level 2), False keeps, None lets colo-shim decide (COLO_SHIM_DISCARD=auto|always|
-never; discard_policy.py), and makes level 2 safe on every model (discard_guard.py,
-discard_coverage.py).
+never; policy.py), and makes level 2 safe on every model (guard.py, coverage.py) and really
+free host memory: the pinned level-1 backup that torch keeps cached after a wake-up is
+returned before each level-2 sleep (host_memory.py).
 
 Two processes take part. The driver (or the SyncRolloutActor) decides; the generation worker
 owns the engine. The level cannot ride on `sleep()`: Ray checks actor-method arguments
@@ -30,6 +31,7 @@ import logging
 from colo_shim.core.registry import Patch, Target
 from colo_shim.discard import coverage as cov
 from colo_shim.discard import guard, policy
+from colo_shim.discard import host_memory as hm
 
 log = logging.getLogger("colo_shim.vllm")
 
@@ -43,6 +45,41 @@ VLLM_RANGE = ">=0.7.0"
 UPDATE_METHODS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "update_weights_from_ipc_handles")
 
 _busy = contextvars.ContextVar("colo_shim_vllm_busy", default=False)
+
+
+def declaration() -> Patch:
+    """The family as the registry sees it; built at the end of this module, once the wrappers exist."""
+    return Patch(
+        name="vllm",
+        summary="colocated finish_generation copies every vLLM weight to CPU although a refit overwrites them",
+        targets=tuple(_driver_targets() + _engine_targets()),
+        report=_report,
+    )
+
+
+def _driver_targets():
+    out = []
+    for module, fixed, updates in ((GEN_V3, _package_layout, ("update_weights_from_ipc_handles", "update_weights_from_collective")),
+                                   (GEN, None, ("update_weights_via_ipc_zmq", "update_weights_from_collective"))):
+        out.append(Target(module, "VllmGeneration.finish_generation", _finish, upstream_fixed=fixed, required=False))
+        out.append(Target(module, "VllmGeneration.prepare_for_generation", _prepare, upstream_fixed=fixed, required=False))
+        out += [Target(module, f"VllmGeneration.{m}", _update, upstream_fixed=fixed, required=False) for m in updates]
+    for module, name in (("nemo_rl.algorithms.grpo", "validate"), ("nemo_rl.algorithms.distillation", "validate"),
+                         ("nemo_rl.algorithms.ppo", "validate"), ("nemo_rl.algorithms.grpo_sync", "validate_sync")):
+        out.append(Target(module, name, _validate, required=False))
+    out.append(Target(WORKER, "VllmGenerationWorkerImpl.sleep", _worker_sleep, required=False))
+    out.append(Target(WORKER_ASYNC, "VllmAsyncGenerationWorkerImpl.sleep_async", _worker_sleep, required=False))
+    return out
+
+
+def _engine_targets():
+    out = []
+    for module, cls in ((LLM_MOD, "LLM"), (ASYNC_MOD, "AsyncLLM")):
+        for name, wrapper in (("sleep", _engine_sleep), ("wake_up", _engine_wake),
+                              ("generate", _engine_generate), ("collective_rpc", _engine_rpc)):
+            out.append(Target(module, f"{cls}.{name}", wrapper, distribution="vllm", versions=VLLM_RANGE,
+                              required=False))
+    return out
 
 
 def _package_layout(module):
@@ -70,6 +107,7 @@ def _finish(wrapped, instance, args, kwargs):
             if decision.level >= 2:
                 tags = [f"{guard.CONTROL}sleep_level={decision.level}", f"{guard.CONTROL}site={decision.site}"]
                 if instance.prepare_for_generation(tags=tags) is False:
+                    _cancel(instance)  # some workers may hold the request: it must not reach a later sleep
                     decision = policy.Decision(1, "could not reach the workers; kept", "error", decision.site)
         except Exception as exc:  # the shim's own logic must never break the job: keep
             log.warning("colo_shim.vllm: deciding the sleep level failed (%s: %s); keeping weights",
@@ -77,9 +115,23 @@ def _finish(wrapped, instance, args, kwargs):
             decision = policy.Decision(1, f"shim error: {type(exc).__name__}", "error", "unknown")
         policy.record(instance, decision)
         log.debug("colo_shim.vllm: finish_generation level %d (%s) at %s", decision.level, decision.reason, decision.site)
-        return wrapped(*args, **kwargs)
+        done = False
+        try:
+            result = wrapped(*args, **kwargs)
+            done = result is not False
+            return result
+        finally:
+            if decision.level >= 2 and not done:  # the sleep did not run: withdraw its request
+                _cancel(instance)
     finally:
         _busy.reset(token)
+
+
+def _cancel(instance) -> None:
+    try:
+        instance.prepare_for_generation(tags=[f"{guard.CONTROL}cancel"])
+    except Exception as exc:  # the engine also drops a request at its next wake-up, generate or refit
+        log.warning("colo_shim.vllm: withdrawing a sleep request failed (%s: %s)", type(exc).__name__, exc)
 
 
 def _prepare(wrapped, instance, args, kwargs):
@@ -114,7 +166,9 @@ def _validate(wrapped, instance, args, kwargs):
 
 
 def _worker_sleep(wrapped, instance, args, kwargs):
-    """v0.7 Impl classes: `sleep(level=N)` / `sleep_async(level=N)` for direct (non-Ray) callers."""
+    """v0.7 Impl classes: `sleep(level=N)` / `sleep_async(level=N)` for callers in the worker's process
+    (inside the Ray actor too, via core/ray_actors.py); `.remote(level=N)` is refused by Ray's own
+    signature check before it gets here."""
     kwargs = dict(kwargs)
     level = kwargs.pop("level", None)
     if level is not None and getattr(instance, "llm", None) is not None:
@@ -136,6 +190,8 @@ def _engine_sleep(wrapped, instance, args, kwargs):
                 guard.after_steps(st, [await instance.collective_rpc(fn, args=a) for fn, a in steps])
             except Exception as exc:
                 lvl, why = guard.fallback(st, exc), "shim error, kept"
+            if lvl >= 2:  # issue 9: a level-1 backup cached earlier would cancel the discard's saving
+                await hm.release_async(instance)
             out = await wrapped(*args[1:], level=lvl, **kw)
             guard.after_sleep(st, lvl, why)
             return out
@@ -144,6 +200,8 @@ def _engine_sleep(wrapped, instance, args, kwargs):
         guard.after_steps(st, [instance.collective_rpc(fn, args=a) for fn, a in steps])
     except Exception as exc:
         level, reason = guard.fallback(st, exc), "shim error, kept"
+    if level >= 2:
+        hm.release(instance)
     out = wrapped(*args[1:], level=level, **kw)
     guard.after_sleep(st, level, reason)
     return out
@@ -166,12 +224,16 @@ def _engine_wake(wrapped, instance, args, kwargs):
             for fn, a in steps:
                 await instance.collective_rpc(fn, args=a)
             out = await wrapped(*args, **kwargs)
+            for fn, a in cov.wake_steps(st, tags):  # before the refit, so its post-processing wins
+                await instance.collective_rpc(fn, args=a)
             guard.after_wake(st, tags)
             return out
         return run()
     for fn, a in steps:
         instance.collective_rpc(fn, args=a)
     out = wrapped(*args, **kwargs)
+    for fn, a in cov.wake_steps(st, tags):
+        instance.collective_rpc(fn, args=a)
     guard.after_wake(st, tags)
     return out
 
@@ -218,37 +280,7 @@ def _try_sync(call):
 
 
 def _report() -> dict:
-    return {**policy.report(), "engines": guard.report()}
+    return {**policy.report(), "engines": guard.report(), "host_memory": hm.report()}
 
 
-def _driver_targets():
-    out = []
-    for module, fixed, updates in ((GEN_V3, _package_layout, ("update_weights_from_ipc_handles", "update_weights_from_collective")),
-                                   (GEN, None, ("update_weights_via_ipc_zmq", "update_weights_from_collective"))):
-        out.append(Target(module, "VllmGeneration.finish_generation", _finish, upstream_fixed=fixed, required=False))
-        out.append(Target(module, "VllmGeneration.prepare_for_generation", _prepare, upstream_fixed=fixed, required=False))
-        out += [Target(module, f"VllmGeneration.{m}", _update, upstream_fixed=fixed, required=False) for m in updates]
-    for module, name in (("nemo_rl.algorithms.grpo", "validate"), ("nemo_rl.algorithms.distillation", "validate"),
-                         ("nemo_rl.algorithms.ppo", "validate"), ("nemo_rl.algorithms.grpo_sync", "validate_sync")):
-        out.append(Target(module, name, _validate, required=False))
-    out.append(Target(WORKER, "VllmGenerationWorkerImpl.sleep", _worker_sleep, required=False))
-    out.append(Target(WORKER_ASYNC, "VllmAsyncGenerationWorkerImpl.sleep_async", _worker_sleep, required=False))
-    return out
-
-
-def _engine_targets():
-    out = []
-    for module, cls in ((LLM_MOD, "LLM"), (ASYNC_MOD, "AsyncLLM")):
-        for name, wrapper in (("sleep", _engine_sleep), ("wake_up", _engine_wake),
-                              ("generate", _engine_generate), ("collective_rpc", _engine_rpc)):
-            out.append(Target(module, f"{cls}.{name}", wrapper, distribution="vllm", versions=VLLM_RANGE,
-                              required=False))
-    return out
-
-
-PATCH = Patch(
-    name="vllm",
-    summary="colocated finish_generation copies every vLLM weight to CPU although a refit overwrites them",
-    targets=tuple(_driver_targets() + _engine_targets()),
-    report=_report,
-)
+PATCH = declaration()

@@ -39,7 +39,7 @@ def user_site(tmp_path_factory):
 
 def test_bundle_layout(bundle_dir):
     assert os.path.isfile(os.path.join(bundle_dir, "sitecustomize.py"))
-    assert os.path.isfile(os.path.join(bundle_dir, "colo_shim", "registry.py"))
+    assert os.path.isfile(os.path.join(bundle_dir, "colo_shim", "core", "registry.py"))
     vendor = os.path.join(bundle_dir, "_colo_shim_vendor")
     assert sorted(os.listdir(vendor)) == ["packaging", "wrapt"]
     binaries = [f for _, _, files in os.walk(bundle_dir) for f in files if f.endswith((".so", ".pyd"))]

@@ -25,7 +25,8 @@ def user_site(tmp_path):
 
 def _run(launcher, user_site, *extra, env=None, children=False):
     cmd = [*launcher, "run", *extra, "--", sys.executable, REPORT] + (["--children"] if children else [])
-    code = f"import os, sys; os.execv({sys.executable!r}, [{sys.executable!r}, '-m', 'colo_shim.cli'] + {cmd[1:]!r})" \
+    # what pip's generated `colo-shim` script does for the entry point colo_shim.cli:main
+    code = f"import sys; sys.argv = ['colo-shim'] + {cmd[1:]!r}; from colo_shim.cli import main; sys.exit(main())" \
         if launcher == ["cli"] else None
     full = code or f"import os, sys; os.execv({sys.executable!r}, {[sys.executable, *cmd]!r})"
     return last_json(run_python(full, pythonpath=(user_site, TARGETS), env=env, timeout=180))

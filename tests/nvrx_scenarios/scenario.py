@@ -20,6 +20,13 @@ def _setup(opts):
         import colo_shim
 
         colo_shim.install(opts.get("families", ["nvrx", "megatron"]))
+        if not opts.get("host_only_left_writing"):
+            # These scenarios play a writer the fence must wait for. On this CPU machine every save
+            # holds only host memory, which the fence now leaves writing (issue 11) once NVRx
+            # snapshotted it; treating host tensors as live (NVRx 0.4.1/0.5.0) keeps them waited on.
+            from colo_shim.checkpoint import nvrx as shim_nvrx
+
+            shim_nvrx._host_snapshotted = lambda: False
     from colo_shim.cli import saver as checkpoint_saver
 
     checkpoint_saver.init_single_rank()
@@ -54,7 +61,7 @@ def cycle(opts):
         snapshot = {k: v.clone() for k, v in live.items()}
         if opts.get("shim"):
             if opts.get("force_release"):
-                from colo_shim.fence import fence as checkpoint_fence
+                from colo_shim.checkpoint import fence as checkpoint_fence
 
                 checkpoint_fence.note_cuda_sent(q)  # on CPU nothing is sent as CUDA; exercise the release path
             reports.append(colo_shim.fence(f"cycle {i}").as_dict())
@@ -233,7 +240,7 @@ def _calls():
 def restart_rewarm(opts):
     """restart strategy: the writer is closed at the fence and re-warmed when storage returns."""
     cs = _setup(opts)
-    from colo_shim.fence import fence as checkpoint_fence
+    from colo_shim.checkpoint import fence as checkpoint_fence
 
     q = cs.make_queue(shm=True)
     live = _state(6)
@@ -262,7 +269,7 @@ def nemo_rl_worker(opts):
     import importlib
 
     import torch
-    from colo_shim.fence import fence as checkpoint_fence
+    from colo_shim.checkpoint import fence as checkpoint_fence
 
     for name in ("nemo_rl.models.policy.workers.megatron_policy_worker", "nemo_rl.models.policy.megatron_policy_worker"):
         try:
@@ -337,7 +344,10 @@ def _rank_main(rank, port, root, opts, results):
         import colo_shim
 
         colo_shim.install(["nvrx", "megatron"])
-    from colo_shim.fence import fence as checkpoint_fence
+        from colo_shim.checkpoint import nvrx as shim_nvrx
+
+        shim_nvrx._host_snapshotted = lambda: False  # play writers the fence must wait for (see _setup)
+    from colo_shim.checkpoint import fence as checkpoint_fence
     from colo_shim.cli import saver as cs
 
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -7,7 +7,10 @@ module's globals, so they read there, at call time, the names upstream's code re
 (`validate`, `refit_policy_generation`, `dynamic_sampling`, `VllmGeneration`, ... - colo-shim
 wraps some of them by module attribute) plus what differs between releases:
 - `_section(master_config, name)`: item access (`master_config["grpo"]`, v0.3.1 / v0.4.0) or
-  attribute access (`master_config.grpo`, v0.7.0): `item` or `attr` below;
+  attribute access (`master_config.grpo`, v0.7.0, main): `item` or `attr` below;
+- `_field(section, name)`: a value of a section: item access on v0.3.1-v0.7.0's dict sections
+  (`master_config.grpo["use_dynamic_sampling"]`), attribute access on main's pydantic sections
+  (`master_config.grpo.use_dynamic_sampling`, PR #2518): `item` or `attr` again;
 - `_colocated_weight_update(policy, policy_generation, _refit_buffer_size_gb) -> bool`: the
   colocated refit's transfer (v0.3.1 CUDA-IPC handles, v0.4.0+ ZMQ stream);
 - `_DYNAMIC_SAMPLING`: v0.4.0+ run DAPO's dynamic_sampling after each rollout; v0.3.1 has none;
@@ -33,12 +36,12 @@ from nemo_rl_common.worker_groups import get
 
 
 def item(master_config, name: str):
-    """Config section by item access (v0.3.1, v0.4.0)."""
+    """Config section (v0.3.1, v0.4.0) or section value (v0.3.1-v0.7.0) by item access."""
     return master_config[name]
 
 
 def attr(master_config, name: str):
-    """Config section by attribute access (v0.7.0)."""
+    """Config section (v0.7.0, main) or section value (main's pydantic sections) by attribute access."""
     return getattr(master_config, name)
 
 
@@ -134,12 +137,12 @@ def dynamic_sampling(repeated_batch: dict, std: torch.Tensor, baseline: torch.Te
     """Keep prompts with non-zero reward std; the batch is complete once enough are cached."""
     grpo_cfg = _section(master_config, "grpo")  # noqa: F821
     is_batch_complete = True
-    if grpo_cfg["use_dynamic_sampling"]:
+    if _field(grpo_cfg, "use_dynamic_sampling"):  # noqa: F821
         keep = torch.nonzero(std != 0).flatten()
         batch_cache = concat_rows(batch_cache, select_rows(repeated_batch, keep))  # noqa: F821
-        train_prompts_size = grpo_cfg["num_prompts_per_step"] * grpo_cfg["num_generations_per_prompt"]
+        train_prompts_size = _field(grpo_cfg, "num_prompts_per_step") * _field(grpo_cfg, "num_generations_per_prompt")
         if len(batch_cache["total_reward"]) < train_prompts_size:
-            if dynamic_sampling_num_gen_batches < grpo_cfg["dynamic_sampling_max_gen_batches"]:
+            if dynamic_sampling_num_gen_batches < _field(grpo_cfg, "dynamic_sampling_max_gen_batches"):
                 is_batch_complete = False
             else:
                 raise ValueError("Dynamic sampling reached the maximum number of generation batches")
@@ -165,9 +168,9 @@ def grpo_train(policy, policy_generation, wrapped_dataloader, val_dataloader, to
     current_step = grpo_save_state["current_step"]
     total_steps = grpo_save_state["total_steps"]
     grpo_cfg = _section(master_config, "grpo")  # noqa: F821
-    max_num_steps = grpo_cfg["max_num_steps"]
-    val_at_start = grpo_cfg["val_at_start"]
-    val_period = grpo_cfg["val_period"]
+    max_num_steps = _field(grpo_cfg, "max_num_steps")
+    val_at_start = _field(grpo_cfg, "val_at_start")
+    val_period = _field(grpo_cfg, "val_period")
     colocated_inference = _section(master_config, "policy")["generation"]["colocated"]["enabled"]  # noqa: F821
     max_seq_len = _section(master_config, "policy")["max_total_sequence_length"]  # noqa: F821
     refit_or_prepare = _shared.refit_or_prepare  # noqa: F821
@@ -187,11 +190,11 @@ def grpo_train(policy, policy_generation, wrapped_dataloader, val_dataloader, to
         POLICY_GENERATION_STALE = refit_or_prepare(refit_policy_generation, policy, policy_generation,
                                                    colocated_inference, NEED_REFIT, POLICY_GENERATION_STALE)
         dynamic_sampling_num_gen_batches += 1
-        repeated_batch = repeat_batch(batch, grpo_cfg["num_generations_per_prompt"])  # noqa: F821
+        repeated_batch = repeat_batch(batch, _field(grpo_cfg, "num_generations_per_prompt"))  # noqa: F821
         repeated_batch, rollout_metrics = run_multi_turn_rollout(
             policy_generation=policy_generation, input_batch=repeated_batch, tokenizer=tokenizer,
             task_to_env=task_to_env, max_seq_len=max_seq_len,
-            max_rollout_turns=grpo_cfg["max_rollout_turns"], greedy=False)
+            max_rollout_turns=_field(grpo_cfg, "max_rollout_turns"), greedy=False)
         policy_generation.finish_generation()
 
         if _DYNAMIC_SAMPLING:  # noqa: F821 (v0.4.0+; v0.3.1 trains on every batch)

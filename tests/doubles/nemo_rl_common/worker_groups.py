@@ -1,8 +1,10 @@
 """Shared body of nemo_rl/distributed/worker_groups.py, the same in the v0.3.1, v0.4.0 and v0.7.0 doubles.
 
 Same class, method names and signatures; workers are real Ray actors (env vars copied from
-os.environ like upstream) or, when the cluster double is inline, the actor's own Python class
-run in this process so that most tests need no Ray start-up. Inline futures are plain values;
+os.environ like upstream) or, when the cluster double is inline, the class Ray itself instantiates in
+an actor (`__ray_metadata__.modified_class`: @ray.remote's subclass with the method wrappers it
+captured at decoration) run in this process, so that most tests need no Ray start-up yet call what
+an actor calls. Inline futures are plain values;
 coroutines of async workers run on one event loop owned by the group.
 """
 
@@ -28,7 +30,7 @@ class RayWorkerBuilder:
         module, _, name = self.ray_actor_class_fqn.rpartition(".")
         actor_class = getattr(importlib.import_module(module), name)
         if inline:
-            return actor_class.__ray_metadata__.modified_class.__ray_actor_class__(*self.args, **self.kwargs)
+            return actor_class.__ray_metadata__.modified_class(*self.args, **self.kwargs)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, **env_vars}
         return actor_class.options(runtime_env={"env_vars": env}).remote(*self.args, **self.kwargs)
 

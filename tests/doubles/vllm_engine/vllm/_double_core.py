@@ -13,9 +13,17 @@ on the path):
   only what it writes, like `model.load_weights`.
 
 The model has parameters the refit never sends (a layer-scale vector `ls1`, a speculative
-drafter head) and a derived parameter created after loading (`qkv_scale`), the three cases
+drafter) and a derived parameter created after loading (`qkv_scale`), the three cases
 upstream broke on (NeMo-RL #2658, vLLM #52479, #25800). A model named `tiny-plain-<seed>` has no
 derived parameter, and its trainer exports `ls1`: the refit then covers every parameter.
+
+As in vLLM (v1/worker/gpu_model_runner.py), the drafter is `model_runner.drafter.model`, a module
+of its own outside `model_runner.model`, loaded once from the checkpoint; it lives in the same
+sleep-mode pool, so level 2 destroys it, and vLLM's level-2 buffer saving (gpu_worker.sleep)
+covers `model_runner.model.named_buffers()` only, not the drafter's buffers.
+
+Level-1 backups are pinned host memory from torch's caching host allocator (vllm/_double_host.py:
+freed blocks stay cached until `torch._C._host_emptyCache()`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from importlib import metadata
 
 import torch
 from torch import nn
+
+from vllm._double_host import HOST_CACHE
 
 VOCAB, HIDDEN, LAYERS = 64, 32, 2
 torch.set_num_threads(1)  # tiny tensors: thread hand-off costs more than the math on 2-core CI
@@ -92,14 +102,11 @@ class _Inner(nn.Module):
 class TinyForCausalLM(nn.Module):
     """vLLM-style model: stacked qkv_proj, load_weights returning the names it wrote."""
 
-    def __init__(self, speculative: bool, derived: bool = True):
+    def __init__(self, derived: bool = True):
         super().__init__()
         self.derived = derived
         self.model = _Inner()
         self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
-        self.speculative = speculative
-        if speculative:
-            self.drafter = nn.Linear(HIDDEN, VOCAB, bias=False)
 
     def _target(self, name: str):
         """Map an HF checkpoint name to (vLLM parameter name, shard slice or None)."""
@@ -116,7 +123,7 @@ class TinyForCausalLM(nn.Module):
             return base + rest, None
         if name == "model.norm.weight":
             return "model.norm", None
-        if name == "drafter.weight" and not self.speculative:
+        if name.startswith("drafter."):  # the drafter's own checkpoint, not this model's
             return None, None
         return name, None
 
@@ -141,15 +148,34 @@ class TinyForCausalLM(nn.Module):
             layer.qkv_scale = nn.Parameter(layer.qkv_proj.weight.abs().amax(dim=1).clone())
 
     @torch.no_grad()
-    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def next_logits(self, ids: torch.Tensor, drafter=None) -> torch.Tensor:
         h = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             h = layer(h, self.model.inv_freq)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.model.norm
         logits = self.lm_head(h[-1])
-        if self.speculative:  # greedy verification keeps the target's argmax, but NaN drafts poison it
-            logits = logits + 1e-3 * self.drafter(h[-1])
+        if drafter is not None:  # greedy verification keeps the target's argmax, but NaN drafts poison it
+            logits = logits + drafter(h[-1])
         return logits
+
+
+class _DraftModel(nn.Module):
+    """vLLM's draft-model drafter: its own weights and its own (non-persistent) buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.register_buffer("logit_scale", torch.full((VOCAB,), 1e-3), persistent=False)
+
+    def forward(self, h):
+        return self.head(h) * self.logit_scale
+
+
+class _Drafter:
+    """vllm.v1.spec_decode.draft_model.DraftModelProposer: the module is `.model`."""
+
+    def __init__(self):
+        self.model = _DraftModel()
 
 
 class _ModelConfig:
@@ -159,8 +185,11 @@ class _ModelConfig:
 
 
 class _ModelRunner:
-    def __init__(self, model):
+    def __init__(self, model, drafter=None):
         self.model = model
+        self.vllm_config = None
+        if drafter is not None:
+            self.drafter = drafter
 
 
 class GPUWorker:
@@ -168,17 +197,33 @@ class GPUWorker:
 
     def __init__(self, model_name: str, speculative: bool, seed: int):
         torch.manual_seed(seed)
-        model = TinyForCausalLM(speculative, derived="plain" not in model_name)
-        model.load_weights(hf_checkpoint(int(model_name.rsplit("-", 1)[-1]) if model_name[-1].isdigit() else 0).items())
+        model = TinyForCausalLM(derived="plain" not in model_name)
+        checkpoint = hf_checkpoint(int(model_name.rsplit("-", 1)[-1]) if model_name[-1].isdigit() else 0)
+        model.load_weights(checkpoint.items())
         model.process_weights_after_loading()
-        self.model_runner = _ModelRunner(model)
+        drafter = None
+        if speculative:
+            drafter = _Drafter()
+            with torch.no_grad():
+                drafter.model.head.weight.copy_(checkpoint["drafter.weight"])
+        self.model_runner = _ModelRunner(model, drafter)
         self.model_config = _ModelConfig(model_name)
+        self.device = torch.device("cpu")
         self.rank = 0
 
 
 def _tensors(model) -> dict[str, torch.Tensor]:
     out = dict(model.named_parameters())
     out.update(model.named_buffers())
+    return out
+
+
+def _pool(runner) -> dict[str, torch.Tensor]:
+    """Everything allocated while loading (vLLM's "weights" pool): the model and the drafter."""
+    out = _tensors(runner.model)
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None:
+        out.update({f"drafter.model.{n}": t for n, t in _tensors(drafter.model).items()})
     return out
 
 
@@ -194,6 +239,7 @@ class EngineCore:
         self.version = engine_version()
         self.sleeping_tags: set[str] = set()
         self.cpu_backup: dict[str, torch.Tensor] = {}
+        self.pinned_blocks: list[torch.Tensor] = []
         self.kv_cache: torch.Tensor | None = torch.zeros(4, HIDDEN)
         self.events: list[dict] = []
         self.nan_generations = 0
@@ -205,22 +251,30 @@ class EngineCore:
     def sleep(self, level: int = 1) -> None:
         if self.sleeping_tags:
             return
-        model = self.worker.model_runner.model
-        tensors = _tensors(model)
-        if level == 1:
-            keep = dict(tensors)
+        runner = self.worker.model_runner
+        model = runner.model
+        tensors = _pool(runner)
+        if level == 1:  # CuMemAllocator.sleep: a pinned torch.empty per allocation of the pool
+            self.cpu_backup = {}
+            for n, t in tensors.items():
+                nbytes = t.numel() * t.element_size()
+                block = HOST_CACHE.alloc(nbytes)
+                self.pinned_blocks.append(block)
+                self.cpu_backup[n] = block[:nbytes].view(t.dtype).view(t.shape)
+                self.cpu_backup[n].copy_(t.detach())
         else:
             keep = {n: t for n, t in model.named_buffers()} if self.version >= (0, 8, 5) else {}
             globs = self.worker.model_config.sleep_preserve_parameter_names or []
             if self.version >= (0, 31) and globs:
                 keep.update({n: p for n, p in model.named_parameters()
                              if any(fnmatch.fnmatchcase(n, g) for g in globs)})
-        self.cpu_backup = {n: t.detach().to("cpu", copy=True) for n, t in keep.items()}
+            self.cpu_backup = {n: t.detach().to("cpu", copy=True) for n, t in keep.items()}
         for t in tensors.values():  # the GPU pages are unmapped: their content is gone
             t.data.fill_(float("nan"))
         self.kv_cache = None
         self.sleeping_tags = {"weights", "kv_cache"}
-        self.events.append({"event": "sleep", "level": level, "cpu_bytes": self.cpu_bytes_held()})
+        self.events.append({"event": "sleep", "level": level, "cpu_bytes": self.cpu_bytes_held(),
+                            "pinned_held": HOST_CACHE.held})
 
     @torch.no_grad()
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -228,10 +282,13 @@ class EngineCore:
         if not self.sleeping_tags:
             return  # vLLM: "Executor is not sleeping", nothing to do
         if "weights" in tags and "weights" in self.sleeping_tags:
-            tensors = _tensors(self.worker.model_runner.model)
+            tensors = _pool(self.worker.model_runner)
             for name, saved in self.cpu_backup.items():
                 tensors[name].data.copy_(saved)
             self.cpu_backup = {}
+            for block in self.pinned_blocks:  # the backup tensors die: their blocks stay cached
+                HOST_CACHE.release(block)
+            self.pinned_blocks = []
             self.sleeping_tags.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self.sleeping_tags:
             self.kv_cache = torch.zeros(4, HIDDEN)
@@ -248,14 +305,16 @@ class EngineCore:
     def generate_one(self, prompt_ids: list[int], max_tokens: int, seed: int | None, greedy: bool) -> list[int]:
         if self.sleeping_tags:
             raise RuntimeError(f"vLLM double: generate while asleep ({sorted(self.sleeping_tags)})")
-        model = self.worker.model_runner.model
-        if any(torch.isnan(t).any() for t in _tensors(model).values()):
+        runner = self.worker.model_runner
+        model = runner.model
+        drafter = getattr(runner, "drafter", None)
+        if any(torch.isnan(t).any() for t in _pool(runner).values()):
             self.nan_generations += 1
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         g = torch.Generator().manual_seed(seed if seed is not None else 0)
         out = []
         for _ in range(max_tokens):
-            logits = model.next_logits(ids)
+            logits = model.next_logits(ids, drafter.model if drafter is not None else None)
             if greedy:
                 tok = int(torch.argmax(torch.nan_to_num(logits, nan=0.0)))
             else:

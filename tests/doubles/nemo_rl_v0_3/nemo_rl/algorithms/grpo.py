@@ -22,6 +22,7 @@ from nemo_rl_common import grpo as _shared
 from nemo_rl_common.release import define
 
 _section = _shared.item  # config access of this release
+_field = _shared.item  # section values: dict sections
 _colocated_weight_update = _shared.update_weights_from_ipc_handles
 _DYNAMIC_SAMPLING = False
 

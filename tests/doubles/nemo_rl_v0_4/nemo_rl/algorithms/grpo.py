@@ -21,6 +21,7 @@ from nemo_rl_common import grpo as _shared
 from nemo_rl_common.release import define
 
 _section = _shared.item  # config access of this release
+_field = _shared.item  # section values: dict sections
 _colocated_weight_update = _shared.update_weights_via_ipc_zmq
 _DYNAMIC_SAMPLING = True
 

@@ -9,12 +9,13 @@ module, `config["optimizer"]` a real optimizer whose state moves like upstream's
 from typing import Any, Optional
 
 import ray
+from nemo_rl.models.policy import PolicyConfig
 from nemo_rl_common.megatron_policy_worker import init_storage, move_model_storage, move_optimizer_state
 
 
 @ray.remote
 class MegatronPolicyWorker:
-    def __init__(self, config, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
+    def __init__(self, config: PolicyConfig, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
                  init_optimizer: bool = True, init_reference_model: bool = True, *, worker_sharding_annotations,
                  pre_init_communication_queue, **kwargs: Any):
         init_storage(self, config)

@@ -13,12 +13,13 @@ import gc
 from typing import Any, Optional
 
 import ray
+from nemo_rl.models.policy import PolicyConfig
 import torch
 from nemo_rl_common.megatron_policy_worker import MegatronPolicyWorkerV05, init_storage
 
 
 class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
-    def __init__(self, config, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
+    def __init__(self, config: PolicyConfig, tokenizer, weights_path: Optional[str] = None, optimizer_path: Optional[str] = None,
                  init_optimizer: bool = True, init_reference_model: bool = True, *, worker_sharding_annotations,
                  skip_weight_load: bool = False, **kwargs: Any):
         init_storage(self, config)
@@ -26,9 +27,13 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
         self._async_checkpoint_cuda_cache_active = False
 
     def prepare_for_lp_inference(self, keep_train_buffers: bool = False) -> None:
+        """As upstream main: no finalize_async_save here (only the two refit offloads have it);
+        the grad buffers go first (move_model cpu, params kept), then the optimizer state."""
         self.model = self.move_model(self.model, "cuda", move_grads=False)
         self.model.eval()
         if not keep_train_buffers:
+            self.model = self.move_model(self.model, "cpu", move_params=False, move_grads=True)
+        if not keep_train_buffers and getattr(self, "optimizer", None) is not None:
             self.move_optimizer("cpu")
 
     def offload_before_refit(self):

@@ -9,8 +9,10 @@ dropped must not be kept alive by the shim.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
+import threading
 import weakref
 
 TIMEOUT_ENV = "COLO_SHIM_FENCE_TIMEOUT"
@@ -20,7 +22,16 @@ _MEGATRON_SINGLETON = "megatron.training.async_utils"
 _queues: "weakref.WeakSet" = weakref.WeakSet()  # every AsyncCallsQueue built while the shim is on
 _holders: "weakref.WeakSet" = weakref.WeakSet()  # objects owning `_async_calls_queue` (Bridge state)
 _cuda_sent: "weakref.WeakSet" = weakref.WeakSet()  # queues whose worker received CUDA tensors
-_totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0}
+_cpu_only: "weakref.WeakSet" = weakref.WeakSet()  # NVRx queues whose saves hold only snapshotted host data
+_cached_keys: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> cache keys sent with data
+_inflight: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> deque of bytes per save
+_owed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # caller -> drop markers still to come
+_handed_back: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # caller -> completions we read
+# One finalizer at a time per process: NVRx's finalize pops the head call and reads comp_q without
+# a lock, so the fence and a host thread finalizing concurrently could both take the same call.
+lock = threading.RLock()
+_totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0, "skipped_host_only": 0,
+           "release_fallbacks": 0, "stage_fallbacks": 0}
 
 
 class FenceTimeout(RuntimeError):
@@ -31,6 +42,7 @@ class CheckpointWorkerDied(RuntimeError):
     """The persistent checkpoint worker exited with a save still pending."""
 
 sent_ptrs: dict = {}  # NVRx cache key -> storage pointers of the CUDA tensors last sent under it
+key_bytes: dict = {}  # NVRx cache key -> bytes last sent with it (a reusing save sends none)
 
 
 def track_queue(queue) -> None:
@@ -43,10 +55,43 @@ def track_holder(holder) -> None:
 
 def note_cuda_sent(queue) -> None:
     _cuda_sent.add(queue)
+    _cpu_only.discard(queue)
+
+
+def note_save(queue, nbytes: int, keys=(), cpu_only: bool = False) -> None:
+    """One scheduled save: its bytes (for the wait warning) and the cache keys it sent data under."""
+    _inflight.setdefault(queue, collections.deque(maxlen=64)).append(int(nbytes))
+    if keys:
+        _cached_keys.setdefault(queue, set()).update(keys)
+    if cpu_only and queue not in _cuda_sent:
+        _cpu_only.add(queue)
+    else:
+        _cpu_only.discard(queue)
+
+
+def must_wait(queue) -> bool:
+    """Whether the fence has to finish this queue: its writer may hold GPU memory, or we cannot tell."""
+    return queue in _cuda_sent or (pending(queue) > 0 and queue not in _cpu_only)
+
+
+def bytes_in_flight(queue) -> int:
+    sizes = list(_inflight.get(queue, ()))
+    n = pending(queue)
+    return sum(sizes[-n:]) if n else 0
+
+
+def hand_back(caller, completion) -> None:
+    """A real save's completion read while waiting for our drop marker: NVRx gets it next."""
+    _handed_back.setdefault(caller, collections.deque()).append(completion)
+
+
+def forget_release(queue) -> None:
+    _cuda_sent.discard(queue)
+    _cached_keys.pop(queue, None)
 
 
 def totals() -> dict:
-    return dict(_totals, tracked_queues=len(_queues), holding_cuda=len(_cuda_sent))
+    return dict(_totals, tracked_queues=len(_queues), holding_cuda=len(_cuda_sent), not_waited=len(_cpu_only))
 
 
 def live_queues() -> list:

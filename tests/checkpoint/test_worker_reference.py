@@ -12,10 +12,10 @@ def test_old_and_new_references_resolve_in_a_bare_interpreter():
     child = run_python("""
         import json, pickle, sys
         old = pickle.loads(b"ccolo_shim.nvrx_worker\\ndrop_cached_tensors\\n.")
-        from colo_shim.fence import worker
+        from colo_shim.checkpoint import worker
         new = pickle.loads(pickle.dumps(worker.drop_cached_tensors))
         heavy = sorted(m for m in ("wrapt", "colo_shim.core.registry", "torch") if m in sys.modules)
         print(json.dumps({"same": old is worker.drop_cached_tensors and new is old,
                           "module": new.__module__, "heavy": heavy}))
         """, env={"COLO_SHIM": ""})
-    assert last_json(child) == {"same": True, "module": "colo_shim.fence.worker", "heavy": []}
+    assert last_json(child) == {"same": True, "module": "colo_shim.checkpoint.worker", "heavy": []}

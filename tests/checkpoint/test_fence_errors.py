@@ -62,16 +62,16 @@ def test_idle_fence_imports_nothing_and_reports_zero():
 def test_bad_release_value_warns_once_and_uses_default():
     proc = run_python("""
         import json
-        from colo_shim.fence import release as nvrx_release
+        from colo_shim.checkpoint import release as nvrx_release
         print(json.dumps(nvrx_release.strategy()))
     """, env={"COLO_SHIM_NVRX_RELEASE": "sometimes"}, timeout=60)
     assert last_json(proc) == "inplace"
-    assert "inplace, restart, none" in proc.stderr and "COLO_SHIM_NVRX_RELEASE" in proc.stderr
+    assert "inplace, restart, stage, none" in proc.stderr and "COLO_SHIM_NVRX_RELEASE" in proc.stderr
 
 
 def test_bad_release_value_is_an_error_when_strict():
     proc = run_python("""
-        from colo_shim.fence import release as nvrx_release
+        from colo_shim.checkpoint import release as nvrx_release
         nvrx_release.strategy()
     """, env={"COLO_SHIM_NVRX_RELEASE": "sometimes", "COLO_SHIM_STRICT": "1"}, timeout=60, check=False)
     assert proc.returncode != 0 and "ConfigError" in proc.stderr

@@ -1,0 +1,78 @@
+"""What `colo-shim doctor` says about the checkpoint fence: which release strategy fits this job.
+
+Read from metadata and /dev/shm only (doctor imports nothing by default). The trade, measured on
+an H200 with megatron-core 0.19.2 (docs/checkpoint-fence.md): `inplace` keeps the writer warm but
+an offload right after a save waits for the whole file write; `stage` never makes the offload
+wait, and pays a device-to-host copy into /dev/shm at every save plus one /dev/shm copy of the
+checkpoint per rank; `restart` relies on close() alone, the only strategy that uses no NVRx
+internals, so it is the one for NVRx builds the shim was not tested on (dev snapshots).
+"""
+
+from __future__ import annotations
+
+import os
+
+from colo_shim.checkpoint import release, stage
+from colo_shim.core import versions
+
+GIB = float(1 << 30)
+
+
+def _host_tensors(version) -> str:
+    from packaging.version import Version
+
+    v = Version(version)
+    if v.release >= (0, 7):
+        return "NVRx copies host tensors at schedule time: saves holding no GPU memory are left writing"
+    if v.release >= (0, 6):
+        return ("NVRx 0.6 passes host tensors live (NVRx #376); the shim copies them at schedule time, so saves "
+                "holding no GPU memory are left writing")
+    return "this NVRx passes host tensors live: the fence waits for every save, host-only ones too"
+
+
+def recommend(version: str | None, shm_budget: int | None, ckpt_bytes: int | None = None) -> tuple:
+    """(strategy, why) for this NVRx, this rank's share of /dev/shm, and the checkpoint size if known."""
+    if version is None:
+        return release.DEFAULT, "NVRx is not installed here"
+    if not release.inplace_tested(version):
+        return "restart", (f"NVRx {version} is not a release the in-place release was tested on "
+                           f"({', '.join(release.INPLACE_TESTED)}); restart only uses close()")
+    from packaging.version import Version
+
+    if Version(version).release < (0, 6):
+        return "inplace", "no CPU shared-memory staging before NVRx 0.6; inplace keeps the writer warm"
+    room = f"{(shm_budget or 0) / GIB:.1f} GiB of /dev/shm per rank"
+    if ckpt_bytes is None:
+        return "stage", (f"if one rank's checkpoint fits in {room}: the offload then never waits for the write "
+                         "(costs a device-to-host copy at each save); otherwise inplace")
+    if shm_budget is not None and ckpt_bytes <= shm_budget:
+        return "stage", f"a {ckpt_bytes / GIB:.1f} GiB checkpoint fits in {room}; the offload never waits for the write"
+    return "inplace", f"a {ckpt_bytes / GIB:.1f} GiB checkpoint does not fit in {room}"
+
+
+def rows(ckpt_bytes: int | None = None) -> list[dict]:
+    """Doctor rows for the family `nvrx` (name, target, status, installed_version, reason)."""
+    version = versions.installed_version(release.DIST)
+    try:
+        budget = stage.shm_budget()
+    except Exception:
+        budget = None
+    choice, why = recommend(version, budget, ckpt_bytes)
+    configured = release.strategy()
+    out = [dict(name="nvrx", target=f"{release.ENV} (release strategy)", installed_version=version,
+                status=f"{configured}; recommended {choice}", reason=why)]
+    if version is not None:
+        tested = release.inplace_tested(version)
+        out.append(dict(name="nvrx", target="in-place release (NVRx internals)", installed_version=version,
+                        status="tested" if tested else "untested",
+                        reason=("tested on this release" if tested else
+                                f"untested build {version}: inplace and stage release CUDA writers by restart")))
+        try:
+            out.append(dict(name="nvrx", target="saves holding no GPU memory", installed_version=version,
+                            status="left writing" if "left writing" in _host_tensors(version) else "waited for",
+                            reason=_host_tensors(version)))
+        except Exception:
+            pass
+    if os.environ.get(stage.SHM_BYTES_ENV):
+        out[0]["reason"] += f" ({stage.SHM_BYTES_ENV}={os.environ[stage.SHM_BYTES_ENV]})"
+    return out

@@ -1,0 +1,153 @@
+"""Patch family `megatron`: fence async checkpoints before training storage is replaced.
+
+Every entry point that offloads or swaps training storage (megatron-core buffers, DDP grad
+buffers, optimizers; NeMo-RL's Megatron policy worker in each module layout v0.3 .. main) runs
+colo_shim.fence() first, so no in-flight save or cached writer pins the old GPU storage or later
+writes it. The entry points that bring storage back re-warm a writer that the `restart` release
+strategy ended. Queue constructors are tracked because megatron-core's own queue and
+Megatron-Bridge's GlobalState have no instance registry.
+
+NeMo-RL v0.3-v0.5 declare `@ray.remote class MegatronPolicyWorker`, so the module attribute is a
+Ray ActorClass; the plain class is reached through its `__ray_actor_class__`. From v0.6 the code
+lives in MegatronPolicyWorkerImpl. Calls through the actor go through methods `@ray.remote`
+captured before any patch; core/ray_actors.py makes them reach these wrappers, in the driver and in
+the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL already has finalize_async_save (PR #3322),
+offload_before_refit/offload_after_refit fence themselves and the shim stays out of them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from colo_shim.core.registry import Patch, Target
+from colo_shim.checkpoint import fence, state
+
+log = logging.getLogger("colo_shim.megatron")
+
+MCORE = "megatron-core"
+BUF = "megatron.core.distributed.param_and_grad_buffer"
+DDP = "megatron.core.distributed.distributed_data_parallel"
+OPT = "megatron.core.optimizer.optimizer"
+MC_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
+BRIDGE = "megatron.bridge.training.state"
+NEMO_OLD = "nemo_rl.models.policy.megatron_policy_worker"  # v0.3, v0.4
+NEMO_NEW = "nemo_rl.models.policy.workers.megatron_policy_worker"  # v0.5 .. main
+
+
+def declaration() -> Patch:
+    """The family as the registry sees it; built at the end of this module, once the wrappers exist."""
+    return Patch(
+        name="megatron",
+        summary="offloading training storage while an async checkpoint save or cached writer pins it",
+        targets=(
+            Target(BUF, "_ParamAndGradBuffer.offload_to_cpu", _fence_before("_ParamAndGradBuffer.offload_to_cpu"),
+                   MCORE, ">=0.16"),
+            Target(BUF, "_ParamAndGradBuffer.reload_from_cpu", _rewarm_after("_ParamAndGradBuffer.reload_from_cpu"),
+                   MCORE, ">=0.16"),
+            Target(DDP, "DistributedDataParallel.offload_grad_buffers",
+                   _fence_before("DistributedDataParallel.offload_grad_buffers"), MCORE, ">=0.16"),
+            Target(OPT, "MegatronOptimizer.offload_to_cpu", _fence_before("MegatronOptimizer.offload_to_cpu"),
+                   MCORE, ">=0.15"),
+            Target(OPT, "ChainedOptimizer.offload_to_cpu", _fence_before("ChainedOptimizer.offload_to_cpu"),
+                   MCORE, ">=0.15"),
+            Target(OPT, "MegatronOptimizer.restore_from_cpu", _rewarm_after("MegatronOptimizer.restore_from_cpu"),
+                   MCORE, ">=0.15"),
+            Target(OPT, "ChainedOptimizer.restore_from_cpu", _rewarm_after("ChainedOptimizer.restore_from_cpu"),
+                   MCORE, ">=0.15"),
+            Target(MC_ASYNC, "AsyncCallsQueue.__init__", _tracking("track_queue", "megatron-core queue"), MCORE, ">=0.12"),
+            Target(BRIDGE, "GlobalState.__init__", _tracking("track_holder", "Megatron-Bridge state"), "megatron-bridge", "",
+                   required=False),
+            *_nemo_targets(NEMO_OLD, "MegatronPolicyWorker.__ray_actor_class__"),
+            *_nemo_targets(NEMO_NEW, "MegatronPolicyWorker.__ray_actor_class__", extra_fixed=_impl_layout),
+            *_nemo_targets(NEMO_NEW, "MegatronPolicyWorkerImpl"),
+        ),
+        report=_report,
+    )
+
+
+def _nemo_targets(module: str, cls: str, extra_fixed=None) -> tuple:
+    offload_fixed = _either(*(f for f in (extra_fixed, _has_finalize_async_save) if f))
+
+    def t(name, wrapper, fixed=extra_fixed):
+        return Target(module, f"{cls}.{name}", wrapper, None, "", upstream_fixed=fixed, required=False)
+
+    where = f"nemo_rl {cls.split('.')[0]}"
+    return (
+        t("offload_before_refit", _fence_before(f"{where}.offload_before_refit"), offload_fixed),
+        t("offload_after_refit", _fence_before(f"{where}.offload_after_refit"), offload_fixed),
+        t("move_model", _fence_before(f"{where}.move_model(cpu)", device_arg=1)),
+        t("move_optimizer", _fence_before(f"{where}.move_optimizer(cpu)", device_arg=0)),
+        t("prepare_for_lp_inference", _fence_before(f"{where}.prepare_for_lp_inference")),
+        t("prepare_for_training", _rewarm_after(f"{where}.prepare_for_training")),
+    )
+
+
+def _has_finalize_async_save(module):
+    impl = getattr(module, "MegatronPolicyWorkerImpl", None)
+    if impl is not None and hasattr(impl, "finalize_async_save"):
+        return "NeMo-RL finalize_async_save (PR #3322) already fences this offload"
+    return None
+
+
+def _impl_layout(module):
+    if hasattr(module, "MegatronPolicyWorkerImpl"):
+        return "covered by the MegatronPolicyWorkerImpl targets (NeMo-RL >= v0.6 layout)"
+    return None
+
+
+def _either(*checks):
+    def check(module):
+        for fn in checks:
+            found = fn(module)
+            if found:
+                return found
+        return None
+
+    return check
+
+
+def _fence_before(reason: str, device_arg: int | None = None):
+    """Wrapper running the fence first; with device_arg, only when moving to the CPU."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if device_arg is not None:
+            device = kwargs.get("device", args[device_arg] if len(args) > device_arg else None)
+            if not str(device).startswith("cpu"):
+                return wrapped(*args, **kwargs)
+        fence.guarded(reason)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _rewarm_after(reason: str):
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            fence.rewarm(reason)
+        except Exception as exc:
+            log.warning("colo_shim: re-warm after %s failed: %s: %s", reason, type(exc).__name__, exc)
+        return result
+
+    return wrapper
+
+
+def _tracking(register: str, what: str):
+    """Wrapper for a constructor: hand the new object to fence.<register>."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            getattr(state, register)(instance)
+        except Exception as exc:
+            log.warning("colo_shim: cannot track %s: %s", what, exc)
+        return result
+
+    return wrapper
+
+
+def _report() -> dict:
+    return state.totals()
+
+
+PATCH = declaration()

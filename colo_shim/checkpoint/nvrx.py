@@ -1,0 +1,269 @@
+"""Patch family `nvrx`: NVRx persistent checkpoint writers that outlive offloaded storage.
+
+What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoint-fence.md):
+- AsyncCallsQueue.__init__: 0.4.1 has no instance tracker, so the fence could not find its queues.
+- AsyncCallsQueue.schedule_async_request: records what each save sent: CUDA tensors (then the
+  fence must finish and release that writer), only host data that NVRx or the shim snapshotted
+  (then the fence leaves it writing), the cache keys sent with data (what an in-place drop must
+  free) and its bytes (named while the fence waits). With COLO_SHIM_NVRX_RELEASE=stage it starts
+  the worker in NVRx's CPU shared-memory mode, so the writer opens no CUDA context.
+- AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host
+  thread finalizing (NeMo-RL's background checkpoint finalizer) and the fence never race.
+- PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
+  timeout) is skipped, and a completion read while waiting for it is handed back, so no finalize
+  ever takes our marker for a save, nor loses a save's completion.
+- AsyncCallsQueue.close / PersistentAsyncCaller.close (abort included): no version forgets the
+  training-side cache keys on close; the next cached save then sends a key without data, the fresh
+  worker dies on a cache miss and the trainer blocks forever in preload_q.join().
+- FileSystemWriterAsync.__init__ / .prepare_local_plan (stage, NVRx >= 0.6): GPU tensors are staged
+  into /dev/shm instead of CUDA IPC, when /dev/shm can hold them (fence/stage.py).
+- FileSystemWriterAsync.prepare_write_data (0.6.0 only; 0.7.0 does both itself): a cached save after
+  offload + reload to a new address writes the old values, so a moved key is re-sent; host tensors
+  are passed live (NVRx #376), so they are cloned: the save then equals the state when scheduled.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue as _queue
+import sys
+
+from colo_shim.core.registry import Patch, Target
+from colo_shim.checkpoint import release, stage, state, worker
+
+log = logging.getLogger("colo_shim.nvrx")
+
+CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+DIST = "nvidia-resiliency-ext"
+RANGE = ">=0.4.1,<0.9"
+
+_MAX_DEPTH = 10
+_snapshot_wrapper_ran = False  # the 0.6.0 prepare_write_data wrapper cloned host tensors in this process
+
+
+def declaration() -> Patch:
+    """The family as the registry sees it; built at the end of this module, once the wrappers exist."""
+    return Patch(
+        name="nvrx",
+        summary="NVRx persistent checkpoint writer pins offloaded GPU memory, writes stale data, hangs after close",
+        targets=(
+            Target(CORE, "AsyncCallsQueue.__init__", _track, DIST, RANGE),
+            Target(CORE, "AsyncCallsQueue.schedule_async_request", _schedule, DIST, RANGE),
+            Target(CORE, "AsyncCallsQueue.maybe_finalize_async_calls", _serialized, DIST, RANGE),
+            Target(CORE, "PersistentAsyncCaller.is_current_async_call_done", _completion, DIST, RANGE),
+            Target(CORE, "AsyncCallsQueue.close", _close, DIST, RANGE),
+            Target(CORE, "PersistentAsyncCaller.close", _close, DIST, RANGE),
+            Target(FS, "FileSystemWriterAsync.__init__", stage.writer_init, DIST, RANGE,
+                   upstream_fixed=stage.not_staging, required=False),
+            Target(FS, "FileSystemWriterAsync.prepare_local_plan", stage.check_room, DIST, RANGE,
+                   upstream_fixed=stage.not_staging, required=False),
+            Target(FS, "FileSystemWriterAsync.prepare_write_data", _prepare_write_data, DIST, RANGE,
+                   upstream_fixed=_checks_pointers),
+        ),
+        report=_report,
+    )
+
+
+def _checks_pointers(module):
+    writer = getattr(module, "FileSystemWriterAsync", None)
+    if writer is not None and hasattr(writer, "_cached_tensor_data_ptrs"):
+        return "FileSystemWriterAsync refreshes moved cached tensors and clones host tensors itself"
+    if writer is not None and not hasattr(writer, "_cached_identifiers"):
+        return "no constant-structure caching in this NVRx version (added in 0.6.0)"
+    return None
+
+
+def _track(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    try:
+        state.track_queue(instance)
+    except Exception as exc:
+        log.warning("colo_shim: cannot track %s: %s", type(instance).__name__, exc)
+    return result
+
+
+def _scan(obj, acc: dict, depth: int = 0) -> dict:
+    """Tensors, CUDA or not, and the cache keys sent with data, anywhere in an async request."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if id(obj) not in acc["seen"]:
+            acc["seen"].add(id(obj))
+            acc["bytes"] += obj.numel() * obj.element_size()
+            acc["cuda"] = acc["cuda"] or obj.device.type == "cuda"
+        return acc
+    if depth > _MAX_DEPTH:
+        return acc
+    if isinstance(obj, functools.partial):
+        _scan(obj.args, acc, depth + 1)
+        _scan(obj.keywords, acc, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        if len(obj) == 2 and type(obj[0]).__name__ == "ConsistentDataIdentifier" and isinstance(obj[1], tuple):
+            key, with_data = obj[0].key, len(obj[1]) > 1 and obj[1][1] is not None
+            acc["keys" if with_data else "reused"].add(key)
+        for item in obj:
+            _scan(item, acc, depth + 1)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _scan(item, acc, depth + 1)
+    return acc
+
+
+def _has_cuda(obj) -> bool:
+    return _scan(obj, {"seen": set(), "bytes": 0, "cuda": False, "keys": set(), "reused": set()})["cuda"]
+
+
+def _host_snapshotted() -> bool:
+    """Whether host tensors of a save were copied at schedule time (0.7.0 upstream, 0.6.0 by us)."""
+    writer = getattr(sys.modules.get(FS), "FileSystemWriterAsync", None)
+    return hasattr(writer, "_cached_tensor_data_ptrs") or _snapshot_wrapper_ran
+
+
+def _schedule(wrapped, instance, args, kwargs):
+    try:
+        request = args[0] if args else kwargs.get("async_request")
+        acc = {"seen": set(), "bytes": 0, "cuda": False, "keys": set(), "reused": set()}
+        _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())), acc)
+        if getattr(instance, "persistent", False):
+            stage.before_schedule(instance, acc["cuda"])
+            if acc["cuda"]:
+                state.note_cuda_sent(instance)
+            for key in acc["keys"]:
+                state.key_bytes[key] = acc["bytes"]
+            nbytes = acc["bytes"] + sum(state.key_bytes.get(k, 0) for k in acc["reused"] - acc["keys"])
+            state.note_save(instance, nbytes, acc["keys"], cpu_only=not acc["cuda"] and _host_snapshotted())
+    except Exception as exc:
+        log.warning("colo_shim: cannot inspect async request: %s: %s", type(exc).__name__, exc)
+    return wrapped(*args, **kwargs)
+
+
+def _serialized(wrapped, instance, args, kwargs):
+    with state.lock:
+        return wrapped(*args, **kwargs)
+
+
+def _settle_marker(caller, blocking: bool) -> bool:
+    """Put back handed-back completions, skip owed drop markers; False: our marker is still to come."""
+    if caller.cur_item is not None:
+        return True
+    back = state._handed_back.get(caller)
+    if back:
+        caller.cur_item = back.popleft()
+        return True
+    while state._owed.get(caller, 0) > 0:
+        try:
+            got = caller.comp_q.get(timeout=0.1) if blocking else caller.comp_q.get_nowait()
+        except _queue.Empty:
+            if blocking and caller.process is not None and caller.process.is_alive():
+                continue
+            return False
+        if got == worker.MARKER:
+            state._owed[caller] -= 1
+        else:
+            caller.cur_item = got
+            return True
+    return True
+
+
+def _completion(wrapped, instance, args, kwargs):
+    blocking = kwargs.get("blocking", args[0] if args else False)
+    no_dist = kwargs.get("no_dist", args[1] if len(args) > 1 else False)
+    try:
+        if state._owed.get(instance) or state._handed_back.get(instance):
+            if not _settle_marker(instance, bool(blocking)):
+                return False if no_dist else instance.sync_all_async_calls(1)  # still writing
+    except Exception as exc:
+        log.warning("colo_shim: drop-marker bookkeeping skipped: %s: %s", type(exc).__name__, exc)
+    return wrapped(*args, **kwargs)
+
+
+def _forget_dead_worker(instance) -> None:
+    """close() on a dead worker blocks forever (DONE + queue.join(), or a blocking finalize)."""
+    caller = getattr(instance, "persistent_caller", instance)
+    proc = getattr(caller, "process", None)
+    if proc is None or not hasattr(proc, "is_alive") or proc.is_alive():
+        return
+    calls = getattr(instance, "async_calls", None)
+    if calls:
+        log.error("colo_shim: checkpoint worker pid %s is dead; dropping %d unfinished save(s) at close",
+                  proc.pid, len(calls))
+        calls.clear()
+    if hasattr(caller, "queue"):
+        proc.join(timeout=1)
+        caller.process = None
+
+
+def _close(wrapped, instance, args, kwargs):
+    try:
+        _forget_dead_worker(instance)
+    except Exception as exc:
+        log.debug("colo_shim: dead-worker check at close failed: %s", exc)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        try:
+            if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
+                release.clear_training_caches()
+                state.forget_release(instance)
+        except Exception as exc:
+            log.debug("colo_shim: cache clear after close failed: %s", exc)
+
+
+def _cuda_ptrs(tensors) -> tuple:
+    return tuple(t.untyped_storage().data_ptr() for t in tensors
+                 if getattr(t, "device", None) is not None and t.device.type == "cuda"
+                 and "dequantize" not in type(t).__dict__)
+
+
+def _drop_moved_key(writer, plan, planner) -> None:
+    if not writer.use_cached_data_structure or getattr(writer, "use_cpu_shm_for_gpu_tensors", False):
+        return
+    fs = sys.modules[FS]
+    items = [item for item in plan.items if item.type != fs.WriteItemType.BYTE_IO]
+    if not items:
+        return
+    key = fs._compute_data_structure_key_from_plan(items)
+    cached = type(writer)._cached_identifiers
+    if key not in cached:
+        return
+    current = _cuda_ptrs(planner.resolve_data(item) for item in items)
+    if state.sent_ptrs.get(key) != current:
+        cached.discard(key)
+        log.info("colo_shim: cached checkpoint tensors moved (offload/reload); re-sending them")
+
+
+def _snapshot_host_tensors(writer) -> None:
+    """NVRx 0.6.0 hands contiguous CPU tensors to the worker live (#376); copy them as 0.7.0 does."""
+    global _snapshot_wrapper_ran
+    torch = sys.modules["torch"]
+    uncached = getattr(writer, "uncached_tensor_data", None)
+    if uncached:
+        items, data = uncached
+        writer.uncached_tensor_data = (items, [t.clone() if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                               and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+                                               else t for t in data])
+    _snapshot_wrapper_ran = True
+
+
+def _prepare_write_data(wrapped, instance, args, kwargs):
+    try:
+        _drop_moved_key(instance, *args, **kwargs)
+    except Exception as exc:
+        log.warning("colo_shim: pointer check skipped: %s: %s", type(exc).__name__, exc)
+    result = wrapped(*args, **kwargs)
+    try:
+        ident, sent = instance.consistent_data_identifier, getattr(instance, "cached_tensor_data", None)
+        if ident is not None and sent is not None:
+            state.sent_ptrs[ident.key] = _cuda_ptrs(sent[1])
+        _snapshot_host_tensors(instance)
+    except Exception as exc:
+        log.warning("colo_shim: pointer record / host snapshot skipped: %s: %s", type(exc).__name__, exc)
+    return result
+
+
+def _report() -> dict:
+    return dict(state.totals(), release=release.strategy(), sent_keys=len(state.sent_ptrs), **stage.report())
+
+
+PATCH = declaration()

@@ -1,0 +1,162 @@
+"""COLO_SHIM_NVRX_RELEASE=stage: NVRx writers stage GPU tensors through CPU shared memory.
+
+With CUDA IPC the persistent writer holds the training storage until it is released, and a
+release has to wait for the write, so an offload right after a save waits for the whole file
+write (9-11 s for 16 GiB on tmpfs, minutes on a network file system). NVRx >= 0.6 can copy GPU
+tensors into /dev/shm at schedule time instead (`use_cpu_shm_for_gpu_tensors`, megatron's
+`--async-ckpt-use-cpu-shm`): the worker then never sees CUDA memory, and the fence has nothing to
+wait for. The price is paid at schedule time (the device-to-host copy into shared memory, done by
+the trainer) and in host memory: one /dev/shm copy of the checkpointed tensors per rank, kept and
+reused across saves of the same structure.
+
+/dev/shm is often small (containers default to 64 MiB) and a full tmpfs kills the writer with
+SIGBUS, so each first save of a structure checks that its bytes fit this rank's share of the free
+space (free / LOCAL_WORLD_SIZE, or COLO_SHIM_STAGE_SHM_BYTES); if not, that save goes through CUDA
+IPC as before, with one warning that names the sizes, and the fence waits for it as with inplace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import weakref
+
+from colo_shim.checkpoint import state
+
+log = logging.getLogger("colo_shim.nvrx")
+
+SHM_DIR_ENV, SHM_BYTES_ENV = "COLO_SHIM_STAGE_SHM_DIR", "COLO_SHIM_STAGE_SHM_BYTES"
+_FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+_stats = {"staged_saves": 0, "staged_bytes": 0, "ipc_saves": 0, "shm_budget": None, "refused": ""}
+_warned: set = set()
+
+
+def active() -> bool:
+    from colo_shim.checkpoint import release
+
+    return release.strategy() == "stage"
+
+
+def not_staging(module):
+    """upstream_fixed detector: these writer wrappers only matter with the stage strategy."""
+    if not active():
+        return "only used with COLO_SHIM_NVRX_RELEASE=stage"
+    writer = getattr(module, "FileSystemWriterAsync", None)
+    if writer is not None and not hasattr(writer, "_shm_tensor_cache"):
+        return "this NVRx has no CPU shared-memory staging (added in 0.6.0); stage acts as inplace"
+    return None
+
+
+def writer_init(wrapped, instance, args, kwargs):
+    kwargs["use_cpu_shm_for_gpu_tensors"] = True
+    result = wrapped(*args, **kwargs)
+    instance._colo_staged = True
+    return result
+
+
+def shm_budget() -> int:
+    """Bytes of /dev/shm this rank may fill: an explicit budget, else its share of the free space."""
+    explicit = os.environ.get(SHM_BYTES_ENV)
+    if explicit:
+        try:
+            return int(float(explicit))
+        except ValueError:
+            log.warning("colo_shim: %s=%r is not a number of bytes; using /dev/shm's free space", SHM_BYTES_ENV, explicit)
+    try:
+        st = os.statvfs(os.environ.get(SHM_DIR_ENV, "/dev/shm"))
+    except OSError:
+        return 0
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return st.f_bavail * st.f_frsize // ranks
+
+
+def _plan_bytes(plan) -> int:
+    total = 0
+    for item in plan.items:
+        data = getattr(item, "tensor_data", None)
+        if data is None:
+            continue
+        numel = 1
+        for size in data.chunk.sizes:
+            numel *= int(size)
+        dtype = getattr(data.properties, "dtype", None)
+        total += numel * (dtype.itemsize if dtype is not None and hasattr(dtype, "itemsize") else 4)
+    return total
+
+
+def _staged_bytes(writer_cls) -> int:
+    cache = getattr(writer_cls, "_shm_tensor_cache", {}) or {}
+    return sum(t.numel() * t.element_size() for _, tensors in cache.values() for t in tensors)
+
+
+def check_room(wrapped, instance, args, kwargs):
+    """Before a staged save: the shm copies it needs must fit, or this save keeps CUDA IPC."""
+    try:
+        if getattr(instance, "_colo_staged", False) and instance.use_cpu_shm_for_gpu_tensors:
+            plan = args[0] if args else kwargs.get("plan")
+            need = _plan_bytes(plan)
+            have = _staged_bytes(type(instance))
+            budget = shm_budget()
+            _stats["shm_budget"] = budget
+            if need > have and need - have > budget:
+                _refuse(instance, need, budget)
+            else:
+                _stats["staged_saves"] += 1
+                _stats["staged_bytes"] = max(_stats["staged_bytes"], need)
+    except Exception as exc:
+        log.warning("colo_shim: /dev/shm check skipped: %s: %s", type(exc).__name__, exc)
+    return wrapped(*args, **kwargs)
+
+
+def _refuse(writer, need: int, budget: int) -> None:
+    from colo_shim.checkpoint import release
+
+    writer.use_cpu_shm_for_gpu_tensors = False
+    release.clear_training_caches(keep_shm=False)  # no cache key may mix the two transfer modes
+    _stats["ipc_saves"] += 1
+    state._totals["stage_fallbacks"] += 1
+    _stats["refused"] = f"needs {_size(need)} of /dev/shm, {_size(budget)} available"
+    if "room" not in _warned:
+        _warned.add("room")
+        log.warning("colo_shim: COLO_SHIM_NVRX_RELEASE=stage: this checkpoint %s for this rank; it is written "
+                    "through CUDA IPC instead and the fence waits for it at the next offload. Enlarge /dev/shm "
+                    "(docker --shm-size) or set %s.", _stats["refused"], SHM_BYTES_ENV)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def before_schedule(queue, has_cuda: bool) -> None:
+    """Start a stage worker without CUDA (NVRx cpu_shm_mode); a CUDA save needs a CUDA worker."""
+    if not active() or not hasattr(queue, "cpu_shm_mode"):
+        return
+    caller = getattr(queue, "persistent_caller", None)
+    if caller is None and not has_cuda and not queue.cpu_shm_mode:
+        queue.cpu_shm_mode = True
+        _register_drain(queue)
+    elif has_cuda and queue.cpu_shm_mode and caller is not None and getattr(caller, "cpu_shm_mode", False):
+        log.info("colo_shim: a checkpoint went through CUDA IPC; restarting its writer with CUDA")
+        queue.close()
+        queue.cpu_shm_mode = False
+
+
+def _register_drain(queue) -> None:
+    """What NVRx's __init__ does in cpu_shm_mode: drain the last write before its shm is reused."""
+    writer = getattr(sys.modules.get(_FS), "FileSystemWriterAsync", None)
+    register = getattr(writer, "register_shm_drain_callback", None)
+    if register is None:
+        return
+    ref = weakref.ref(queue)
+
+    def drain():
+        q = ref()
+        if q is not None:
+            q.maybe_finalize_async_calls(blocking=True, no_dist=True)
+
+    register(drain)
+
+
+def report() -> dict:
+    return {"stage": dict(_stats)} if active() else {}

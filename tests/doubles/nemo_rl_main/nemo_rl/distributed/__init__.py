@@ -1,0 +1,1 @@
+"""Test double of NeMo-RL (see tests/doubles/README.md)."""
