@@ -29,6 +29,8 @@ import sys
 
 import pytest
 
+from vllm_testlib import dist_info
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 REPO = os.path.dirname(TESTS)
@@ -131,19 +133,10 @@ def engine_root(tmp_path_factory):
     return str(root)
 
 
-def _dist_info(base, version: str) -> str:
-    path = os.path.join(base, f"vllm-{version}")
-    meta = os.path.join(path, f"vllm-{version}.dist-info")
-    os.makedirs(meta, exist_ok=True)
-    with open(os.path.join(meta, "METADATA"), "w") as fh:
-        fh.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    return path
-
-
 def run_child(release: str, check: str, engine: str, timeout: float = 240) -> dict:
     tree = _tree(release)
     pins = RELEASES[release]
-    meta = _dist_info(os.path.dirname(engine), pins["vllm"])
+    meta = dist_info(os.path.dirname(engine), pins["vllm"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLO_SHIM", "RAY_"))}
     env.update({
         "COLO_SHIM": "1",
