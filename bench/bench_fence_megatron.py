@@ -13,14 +13,20 @@ shim's megatron/nvrx families do everything. Sequence:
   with the state when it was scheduled | save C (first after reload), finalize, compare C |
   offload again with nothing pending (timed: the offload's own cost)
 
-"blocked" = offload with a save in flight minus the idle offload. "held" = device memory in use
-after the offload minus in use before the model was built (the trainer's CUDA context), so a
-writer's own CUDA context counts. Host: trainer and worker RSS, /dev/shm in use.
+"blocked" = the time the shim's fences took inside the offload with the save in flight (the
+colo_shim.checkpoint.state totals, read around the offload): that is all the offload waits for.
+The first-offload-vs-idle difference is no measure of it, since the first offload also pins the
+DDP buffers' host copies. "held" = device memory in use after the offload minus in use before the
+model was built, so a writer's own CUDA context counts; blocks a writer maps through CUDA IPC stay
+in the trainer's allocator (trainer_reserved). Host: trainer and worker RSS, /dev/shm in use.
+Strategy "off" runs the same job without the shim (the control).
 
-    python bench/bench_fence_megatron.py --site DIR [--layers 16 --hidden 2048] [--budget-s 480]
+    python bench/bench_fence_megatron.py --site DIR [--runs stage@0.7.0,...] [--per-run-s 200]
+    python bench/bench_fence_megatron.py --merge A.json B.json ...   # one table from device calls
 
 DIR holds one --target install per library: DIR/mcore, DIR/nvrx060, DIR/nvrx070. Writes
-bench/results/fence_megatron.json (and --out DIR/) and prints a table. Needs a CUDA GPU.
+bench/results/fence_megatron.json (and --out DIR/) and prints a table. Needs a CUDA GPU; --merge
+does not (it re-renders saved runs, later files winning per strategy and version).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -117,11 +124,30 @@ def _compare(path: str, want: dict) -> dict:
             "mismatched": len(bad), "first_mismatch": bad[:3], "compare_s": round(time.perf_counter() - t0, 2)}
 
 
+class Progress(dict):
+    """The child's row, rewritten to a file after every phase, so a run that dies or hits its time
+    limit still says how far it got and what it measured up to there."""
+
+    def __init__(self, path, **kw):
+        super().__init__(kw, phases={})
+        self.path, self.t0 = path, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        self["phases"][phase] = round(time.perf_counter() - self.t0, 1)
+        print(f"[bench] {self['phases'][phase]:7.1f}s {phase}", file=sys.stderr, flush=True)
+        if self.path:
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(self, f, default=str)
+            os.replace(self.path + ".tmp", self.path)
+
+
 def child(args) -> dict:
-    os.environ["COLO_SHIM_NVRX_RELEASE"] = args.strategy
+    out = Progress(args.progress, strategy=args.strategy)
     import colo_shim
 
-    colo_shim.install(["nvrx", "megatron"])
+    if args.strategy != "off":  # "off": the same job without the shim, the control
+        os.environ["COLO_SHIM_NVRX_RELEASE"] = args.strategy
+        colo_shim.install(["nvrx", "megatron"])
     import torch
     import torch.distributed as dist
 
@@ -132,6 +158,7 @@ def child(args) -> dict:
     dist.all_reduce(torch.ones(1, device="cuda"))  # NCCL's own buffers belong to the baseline
     torch.cuda.synchronize()
     used0 = _used()
+    out.mark("cuda up")
     from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
@@ -157,7 +184,8 @@ def child(args) -> dict:
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, params_dtype=torch.bfloat16,
                                                  use_distributed_optimizer=True), [ddp])
     buffers = list(ddp.buffers) + list(getattr(ddp, "expert_parallel_buffers", []))
-    out = {"strategy": args.strategy, "params": sum(p.numel() for p in model.parameters())}
+    out["params"] = sum(p.numel() for p in model.parameters())
+    out.mark("model built")
 
     def step(seed):
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -210,15 +238,24 @@ def child(args) -> dict:
         queue.maybe_finalize_async_calls(blocking=True, no_dist=False)
         return round(time.perf_counter() - t0, 3)
 
-    def offload():
-        t0 = time.perf_counter()
+    from colo_shim.checkpoint import state as fence_state
+
+    def offload(tag):
+        """The offload in NeMo-RL's order, timed in parts; fence_s is what the shim's fences took of it."""
+        f0, t0 = fence_state.totals()["fence_s"], time.perf_counter()
         for buf in buffers:
             buf.offload_to_cpu(move_params=True, move_grads=True)
+        t1 = time.perf_counter()
         opt.offload_to_cpu()
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
-        return round(time.perf_counter() - t0, 3)
+        t2 = time.perf_counter()
+        out[f"offload_{tag}_buffers_s"] = round(t1 - t0, 3)
+        out[f"offload_{tag}_optimizer_s"] = round(t2 - t1, 3)
+        out[f"fence_{tag}_s"] = round(fence_state.totals()["fence_s"] - f0, 4)
+        out[f"trainer_reserved_{tag}_gib"] = round(torch.cuda.memory_reserved() / GIB, 2)
+        return round(t2 - t0, 3)
 
     def reload():
         for buf in buffers:
@@ -235,6 +272,7 @@ def child(args) -> dict:
     rec = {r["target"].split(":")[1]: [r["status"], r["calls"]] for r in colo_shim.status() if r["calls"]}
     out["shim_calls"] = rec
     out["shim"] = {r["name"]: r.get("details") for r in colo_shim.status() if r.get("details")}
+    out.mark("done")
     queue.close()
     dist.destroy_process_group()
     return out
@@ -244,32 +282,53 @@ def _sequence(out, step, save, job_finalize, offload, reload, used0, torch):
     queue = save.queue
     step(1)
     out["state_gib"] = round((_used() - used0) / GIB, 2)
+    out.mark("step 1")
     alloc_before = torch.cuda.memory_allocated()
     a, _, out["schedule_first_s"] = save("a")
     out["finalize_first_s"] = job_finalize()
+    out.mark("save A written")
     shutil.rmtree(a, ignore_errors=True)
     step(2)
     b, want_b, out["schedule_warm_s"] = save("b")
-    out["offload_inflight_s"] = offload()
+    out.mark("save B scheduled")
+    out["offload_inflight_s"] = offload("inflight")
     out["pending_after_offload"] = queue.get_num_unfinalized_calls()
     out["offloaded_gib"] = round((alloc_before - torch.cuda.memory_allocated()) / GIB, 2)
     out["held_gib"] = round((_used() - used0) / GIB, 2)
     trainer, worker = _rss()
     out.update(trainer_rss_gib=round(trainer / GIB, 2), worker_rss_gib=round(worker / GIB, 2),
                shm_used_gib=round(_shm_used() / GIB, 2), ckpt_files_gib=round(_du(os.path.dirname(b)) / GIB, 2))
+    out.mark("offloaded with B in flight")
     reload()
     step(3)
     out["job_finalize_after_s"] = job_finalize()
+    out.mark("reloaded, B finalized")
     out["ckpt_inflight"] = _compare(b, want_b)
+    out.mark("B compared")
     shutil.rmtree(b, ignore_errors=True)
     c, want_c, out["schedule_after_reload_s"] = save("c")
     out["finalize_after_reload_s"] = job_finalize()
+    out.mark("save C written")
     out["ckpt_after_reload"] = _compare(c, want_c)
+    out.mark("C compared")
     shutil.rmtree(c, ignore_errors=True)
-    out["offload_idle_s"] = offload()
+    out["offload_idle_s"] = offload("idle")
     out["held_idle_gib"] = round((_used() - used0) / GIB, 2)
     reload()
-    out["blocked_s"] = round(out["offload_inflight_s"] - out["offload_idle_s"], 3)
+    _derive(out)
+
+
+def _derive(row: dict) -> dict:
+    """What the save in flight cost the offload: the fences' own time (the offload waits for nothing
+    else), and the offload's own work beside it."""
+    for stale in ("held_outside_trainer_gib", "held_idle_outside_trainer_gib"):
+        row.pop(stale, None)
+    if "fence_inflight_s" in row:
+        row["blocked_s"] = row["fence_inflight_s"]
+        row["offload_work_inflight_s"] = round(row["offload_inflight_s"] - row["fence_inflight_s"], 3)
+    else:
+        row.pop("blocked_s", None)
+    return row
 
 
 def _site(args, version: str) -> str:
@@ -290,7 +349,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--per-run-s", type=float, default=150)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--progress", default=None)
+    ap.add_argument("--progress-dir", default="/tmp")
+    ap.add_argument("--merge", nargs="+", default=None)
     args = ap.parse_args()
+    if args.merge:
+        return _merge(args.merge)
     if args.child:
         print(json.dumps(child(args), default=str), flush=True)
         return 0
@@ -305,14 +369,28 @@ def main() -> int:
         shutil.rmtree(args.ckpt_dir, ignore_errors=True)
         os.makedirs(args.ckpt_dir, exist_ok=True)
         t0 = time.monotonic()
+        progress = os.path.join(args.progress_dir, f"progress-{strat}-{version}.json")
+        if os.path.exists(progress):
+            os.remove(progress)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--strategy", strat, "--layers", str(args.layers),
-               "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--ckpt-dir", args.ckpt_dir]
+               "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--ckpt-dir", args.ckpt_dir,
+               "--progress", progress]
+        # Its own session, so that a run past its limit is killed with its NVRx writer and leaves
+        # neither GPU memory nor /dev/shm behind for the next run.
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=min(args.per_run_s, left))
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
+            stdout, stderr = proc.communicate(timeout=min(args.per_run_s, left))
+            lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+            row = json.loads(lines[-1]) if lines else _partial(progress, error=stderr[-1500:])
         except subprocess.TimeoutExpired as exc:
-            row = {"error": f"timeout after {exc.timeout:.0f}s", "stderr": (exc.stderr or b"")[-1500:]}
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            row = _partial(progress, error=f"timeout after {exc.timeout:.0f}s", stderr=stderr[-1500:])
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a writer left behind by a child that exited
+        except ProcessLookupError:
+            pass
         row.update(strategy=strat, nvrx=version, wall_s=round(time.monotonic() - t0, 1))
         results.append(row)
         print(json.dumps(row, default=str)[:600], flush=True)
@@ -321,27 +399,61 @@ def main() -> int:
     report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "megatron_core": "0.19.2",
               "model": f"GPTModel {args.layers}x{args.hidden}, vocab {args.vocab}, DDP + distributed optimizer",
               "ckpt_dir": args.ckpt_dir, "runs": results}
-    table = _table(results)
+    _write(report, [os.path.join(REPO, "bench", "results"), args.out])
+    return 0
+
+
+def _write(report: dict, targets) -> None:
+    table = _table(report["runs"])
     print(table)
-    for target in filter(None, [os.path.join(REPO, "bench", "results"), args.out]):
+    for target in filter(None, targets):
         os.makedirs(target, exist_ok=True)
         with open(os.path.join(target, "fence_megatron.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
         with open(os.path.join(target, "fence_megatron.txt"), "w") as f:
             f.write(table + "\n")
+
+
+def _merge(paths) -> int:
+    """One report from several device calls (one call's 10 minutes hold about four runs)."""
+    report, runs = None, {}
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        report = report or {k: v for k, v in part.items() if k != "runs"}
+        for row in part["runs"]:
+            if "skipped" not in row:
+                runs[(row["strategy"], row["nvrx"])] = dict(_derive(row), source=os.path.basename(os.path.dirname(
+                    os.path.abspath(path))) + "/" + os.path.basename(path))
+    order = {k: i for i, k in enumerate(ORDER + (("off", "0.7.0"), ("off", "0.6.0")))}
+    report["runs"] = sorted(runs.values(), key=lambda r: order.get((r["strategy"], r["nvrx"]), 99))
+    _write(report, [os.path.join(REPO, "bench", "results")])
     return 0
 
 
+def _partial(path: str, **why) -> dict:
+    """What a child that did not finish had measured, from its progress file, with why it stopped."""
+    row = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            row = json.load(f)
+    row.update(why)
+    return row
+
+
 def _table(rows) -> str:
-    cols = ("strategy", "nvrx", "state_gib", "held_gib", "offload_inflight_s", "offload_idle_s", "blocked_s",
-            "schedule_warm_s", "schedule_after_reload_s", "job_finalize_after_s", "trainer_rss_gib", "worker_rss_gib",
-            "shm_used_gib", "ckpt_files_gib", "equal")
+    cols = ("strategy", "nvrx", "held_gib", "trainer_reserved_inflight_gib", "blocked_s", "offload_inflight_s",
+            "offload_work_inflight_s", "offload_idle_s", "schedule_warm_s", "schedule_after_reload_s",
+            "finalize_after_reload_s", "trainer_rss_gib", "worker_rss_gib", "shm_used_gib", "ckpt_files_gib", "equal")
     lines = [" | ".join(cols)]
     for r in rows:
         eq = [r.get(k, {}).get("equal") for k in ("ckpt_inflight", "ckpt_after_reload")]
         vals = [r.get(c, "") for c in cols[:-1]] + [eq if "equal" not in r else r["equal"]]
-        if "error" in r or "skipped" in r:
-            vals = [r["strategy"], r["nvrx"], r.get("skipped") or str(r.get("error"))[:200]]
+        if "skipped" in r:
+            vals = [r["strategy"], r["nvrx"], r["skipped"]]
+        elif "error" in r:
+            last = list(r.get("phases", {}))[-1:] or ["start"]
+            vals += [f"stopped after {last[0]!r}: {str(r['error']).strip().splitlines()[-1][:160]}"]
         lines.append(" | ".join(str(v) for v in vals))
     return "\n".join(lines)
 

@@ -140,7 +140,7 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
     _totals["skipped_host_only"] += skipped
     if not busy:
         _totals["idle"] += 1
-        return FenceReport(reason, 0, len(queues), [], 0, time.perf_counter() - start, skipped)
+        return _timed(FenceReport(reason, 0, len(queues), [], 0, 0.0, skipped), start)
     report = FenceReport(reason, 0, len(queues), not_waited=skipped)
     free_before = _free_bytes()
     wait = wait or Wait()
@@ -169,11 +169,18 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
             release.collect_cuda()
     free_after = _free_bytes()
     report.bytes_released = (free_after - free_before) if free_before is not None and free_after else None
-    report.seconds = time.perf_counter() - start
+    _timed(report, start)
     _totals["finalized"] += report.calls_finalized
     _totals["released"] += len(report.released)
     log.info("colo_shim fence(%s): finalized %d, released %s, %s bytes, %d left writing, %.3fs", reason,
              report.calls_finalized, report.released or "nothing", report.bytes_released, skipped, report.seconds)
+    return report
+
+
+def _timed(report: FenceReport, start: float) -> FenceReport:
+    report.seconds = time.perf_counter() - start
+    _totals["fence_s"] += report.seconds
+    _totals["fence_max_s"] = max(_totals["fence_max_s"], report.seconds)
     return report
 
 

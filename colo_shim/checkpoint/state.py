@@ -30,8 +30,10 @@ _handed_back: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # calle
 # One finalizer at a time per process: NVRx's finalize pops the head call and reads comp_q without
 # a lock, so the fence and a host thread finalizing concurrently could both take the same call.
 lock = threading.RLock()
+# fence_s / fence_max_s: how long fences held the job up, the figure that tells whether a save
+# stayed async across an offload (a fence that leaves a host-only save writing costs microseconds).
 _totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0, "skipped_host_only": 0,
-           "release_fallbacks": 0, "stage_fallbacks": 0}
+           "release_fallbacks": 0, "stage_fallbacks": 0, "fence_s": 0.0, "fence_max_s": 0.0}
 
 
 class FenceTimeout(RuntimeError):
@@ -91,7 +93,8 @@ def forget_release(queue) -> None:
 
 
 def totals() -> dict:
-    return dict(_totals, tracked_queues=len(_queues), holding_cuda=len(_cuda_sent), not_waited=len(_cpu_only))
+    return dict(_totals, fence_s=round(_totals["fence_s"], 6), fence_max_s=round(_totals["fence_max_s"], 6),
+                tracked_queues=len(_queues), holding_cuda=len(_cuda_sent), not_waited=len(_cpu_only))
 
 
 def live_queues() -> list:

@@ -20,6 +20,14 @@ def test_fence_leaves_host_only_save_writing_and_it_equals_schedule_time(nvrx):
     assert result["pending_after_fence"] == 1  # still writing when the fence returned
     assert result["finalized_by_job"] == 1  # the job's own finalize completes it
     assert result["equal_to_schedule_time"] is True  # NVRx 0.6.0: only because the shim copied them (#376)
+    _fence_time_is_accounted(result)
+
+
+def _fence_time_is_accounted(result):
+    """status()'s fence_s / fence_max_s (what the GPU benchmark reads as "blocked") add up the fences' own
+    reports, a fence that left the save writing included."""
+    assert result["fence_s_added"] == pytest.approx(result["report"]["seconds"], abs=2e-6)
+    assert result["fence_max_s"] >= round(result["report"]["seconds"], 6) > 0
 
 
 def test_nvrx_060_writes_host_tensors_live_without_the_shim():
@@ -33,3 +41,4 @@ def test_nvrx_041_host_tensors_are_live_so_the_fence_still_waits():
                         timeout=150).result
     assert result["report"]["calls_finalized"] == 1 and result["report"]["not_waited"] == 0, result
     assert result["pending_after_fence"] == 0 and result["equal_to_schedule_time"] is True
+    _fence_time_is_accounted(result)

@@ -68,7 +68,13 @@ def left_writing(opts):
     if opts.get("open_first"):  # NVRx < 0.6: the fence waits for it, so the write must be able to run
         open(gate, "w").close()
     if opts.get("shim", True):
+        from colo_shim.checkpoint import state
+
+        before = state.totals()
         out["report"] = colo_shim.fence("offload").as_dict()
+        after = state.totals()
+        out["fence_s_added"] = after["fence_s"] - before["fence_s"]
+        out["fence_max_s"] = after["fence_max_s"]
     out["pending_after_fence"] = q.get_num_unfinalized_calls()
     for v in live.values():  # the next training step, while the write is still waiting on the gate
         v.mul_(-3.0).add_(1.0)
