@@ -16,7 +16,7 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   training-side cache keys on close; the next cached save then sends a key without data, the fresh
   worker dies on a cache miss and the trainer blocks forever in preload_q.join().
 - FileSystemWriterAsync.__init__ / .prepare_local_plan (stage, NVRx >= 0.6): GPU tensors are staged
-  into /dev/shm instead of CUDA IPC, when /dev/shm can hold them (fence/stage.py).
+  into /dev/shm instead of CUDA IPC, when /dev/shm can hold them (checkpoint/stage.py).
 - FileSystemWriterAsync.prepare_write_data (0.6.0 only; 0.7.0 does both itself): a cached save after
   offload + reload to a new address writes the old values, so a moved key is re-sent; host tensors
   are passed live (NVRx #376), so they are cloned: the save then equals the state when scheduled.
@@ -84,8 +84,10 @@ def _track(wrapped, instance, args, kwargs):
     return result
 
 
-def _scan(obj, acc: dict, depth: int = 0) -> dict:
+def _scan(obj, acc: dict | None = None, depth: int = 0) -> dict:
     """Tensors, CUDA or not, and the cache keys sent with data, anywhere in an async request."""
+    if acc is None:
+        acc = {"seen": set(), "bytes": 0, "cuda": False, "keys": set(), "reused": set()}
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if id(obj) not in acc["seen"]:
@@ -110,10 +112,6 @@ def _scan(obj, acc: dict, depth: int = 0) -> dict:
     return acc
 
 
-def _has_cuda(obj) -> bool:
-    return _scan(obj, {"seen": set(), "bytes": 0, "cuda": False, "keys": set(), "reused": set()})["cuda"]
-
-
 def _host_snapshotted() -> bool:
     """Whether host tensors of a save were copied at schedule time (0.7.0 upstream, 0.6.0 by us)."""
     writer = getattr(sys.modules.get(FS), "FileSystemWriterAsync", None)
@@ -123,8 +121,7 @@ def _host_snapshotted() -> bool:
 def _schedule(wrapped, instance, args, kwargs):
     try:
         request = args[0] if args else kwargs.get("async_request")
-        acc = {"seen": set(), "bytes": 0, "cuda": False, "keys": set(), "reused": set()}
-        _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())), acc)
+        acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
         if getattr(instance, "persistent", False):
             stage.before_schedule(instance, acc["cuda"])
             if acc["cuda"]:

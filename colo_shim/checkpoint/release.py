@@ -9,7 +9,7 @@
   goes too. When storage is reloaded, a fresh worker is started in the background with the
   queue's original QoS arguments so the next save does not pay the boot.
 - stage: writers never get CUDA tensors; they are staged into CPU shared memory at schedule time
-  (fence/stage.py), so the fence has nothing to wait for. A save that still went through CUDA
+  (checkpoint/stage.py), so the fence has nothing to wait for. A save that still went through CUDA
   IPC (too little /dev/shm, NVRx < 0.6) is released as with inplace.
 - none: finalize only (memory stays pinned; for comparison).
 """

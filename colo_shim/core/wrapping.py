@@ -39,12 +39,11 @@ def _by_reference(obj, parent):
     return operator.itemgetter(0), ((obj.__wrapped__,),)
 
 
-class _BoundWrapper(wrapt.BoundFunctionWrapper):
-    def __reduce_ex__(self, protocol):
-        try:  # bound to an instance or, for a classmethod, to the class
-            return getattr, (self.__self__, self.__name__)
-        except AttributeError:  # reached through the class: plain function or staticmethod
-            return _by_reference(self, self._self_parent)
+class _Shared:
+    """A wrapper is the patched attribute itself: copies are the same object, and pickling goes
+    through the subclass's __reduce_ex__ (wrapt's proxies refuse both by default)."""
+
+    __slots__ = ()
 
     def __reduce__(self):
         return self.__reduce_ex__(2)
@@ -56,7 +55,15 @@ class _BoundWrapper(wrapt.BoundFunctionWrapper):
         return self
 
 
-class ShimWrapper(wrapt.FunctionWrapper):
+class _BoundWrapper(_Shared, wrapt.BoundFunctionWrapper):
+    def __reduce_ex__(self, protocol):
+        try:  # bound to an instance or, for a classmethod, to the class
+            return getattr, (self.__self__, self.__name__)
+        except AttributeError:  # reached through the class: plain function or staticmethod
+            return _by_reference(self, self._self_parent)
+
+
+class ShimWrapper(_Shared, wrapt.FunctionWrapper):
     """FunctionWrapper tagged with the patch that owns it, pickled by reference."""
 
     __bound_function_wrapper__ = _BoundWrapper
@@ -67,15 +74,6 @@ class ShimWrapper(wrapt.FunctionWrapper):
 
     def __reduce_ex__(self, protocol):
         return _by_reference(self, self)
-
-    def __reduce__(self):
-        return self.__reduce_ex__(2)
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
 
 
 class _FunctionShimWrapper(ShimWrapper):

@@ -2,7 +2,7 @@
 
 This runs in the process that owns the vLLM engine object (the NeMo-RL generation worker),
 which is not the driver that decided to discard. The driver's request arrives as control tags
-on a wake_up call (see patches/vllm.py for why), and the engine checks here whether discarding
+on a wake_up call (see discard/vllm.py for why), and the engine checks here whether discarding
 is correct for *this* worker: vLLM version, refit coverage known and stable. It falls back to
 level 1 whenever it is not, because keeping is always correct and discarding is not.
 
@@ -70,6 +70,7 @@ class EngineState:
         self.guard_errors = 0
         self.warned_change = False
         self.history: list[dict] = []  # per sleep: level, reason, CPU bytes the shim itself holds
+        self.host_memory = None  # host_memory._Record once a level-2 sleep returned pinned blocks
 
     def report(self) -> dict:
         return {
@@ -93,17 +94,21 @@ _lock = threading.Lock()
 _states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def state_for(engine) -> EngineState:
+def state_for(engine, create: bool = True) -> EngineState | None:
     with _lock:
         st = _states.get(engine)
-        if st is None:
+        if st is None and create:
             st = _states[engine] = EngineState(engine)
         return st
 
 
-def report() -> list[dict]:
+def states() -> list[EngineState]:
     with _lock:
-        return [st.report() for st in _states.values()]
+        return list(_states.values())
+
+
+def report() -> list[dict]:
+    return [st.report() for st in states()]
 
 
 def is_control(tags) -> bool:

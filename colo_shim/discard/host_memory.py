@@ -17,10 +17,10 @@ they pickle by reference.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import weakref
+
+from colo_shim.discard import guard
 
 
 def _held() -> tuple[int, int] | None:
@@ -31,13 +31,6 @@ def _held() -> tuple[int, int] | None:
     if "allocated_bytes.current" not in stats:
         return None
     return int(stats["allocated_bytes.current"]), int(stats.get("active_bytes.current", 0))
-
-
-def stats_rpc(worker) -> dict:
-    held = _held()
-    if held is None:
-        return {"supported": False, "pid": os.getpid()}
-    return {"supported": True, "held": held[0], "active": held[1], "pid": os.getpid()}
 
 
 def release_rpc(worker) -> dict:
@@ -68,15 +61,19 @@ class _Record:
 
 
 _lock = threading.Lock()
-_records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _record(engine) -> _Record:
+    """Kept on the engine's guard state, the one per-engine registry of the family."""
+    st = guard.state_for(engine)
     with _lock:
-        rec = _records.get(engine)
-        if rec is None:
-            rec = _records[engine] = _Record()
-        return rec
+        if st.host_memory is None:
+            st.host_memory = _Record()
+        return st.host_memory
+
+
+def _records() -> list:
+    return [st.host_memory for st in guard.states() if st.host_memory is not None]
 
 
 def note(engine, results) -> dict:
@@ -107,14 +104,13 @@ def note_error(engine, exc: BaseException) -> None:
 
 
 def last(engine) -> dict | None:
-    with _lock:
-        rec = _records.get(engine)
-        return None if rec is None else rec.last
+    st = guard.state_for(engine, create=False)
+    rec = st.host_memory if st is not None else None
+    return None if rec is None else rec.last
 
 
 def report() -> dict:
-    with _lock:
-        recs = list(_records.values())
+    recs = _records()
     return {"releases": sum(r.releases for r in recs), "released_bytes": sum(r.released for r in recs),
             "release_seconds": round(sum(r.seconds for r in recs), 4),
             "unsupported": sum(r.unsupported for r in recs), "errors": sum(r.errors for r in recs)}

@@ -16,7 +16,7 @@ the shim reads without editing the loop:
   followed by a refit) - recorded by wrappers of the module-level validate functions;
 - the generation config (LoRA, expert parallel on vLLM < 0.11, vLLM < 0.8.5).
 
-Anything unknown keeps. The worker then applies its own gates (discard_guard.plan_sleep).
+Anything unknown keeps. The worker then applies its own gates (guard.plan_sleep).
 """
 
 from __future__ import annotations
