@@ -6,6 +6,11 @@ PYTHONPATH keeps this directory so that children (spawn, Ray actors, vLLM worker
 A bundle keeps wrapt and packaging in `_colo_shim_vendor/`, appended at the END of sys.path so
 a host that has its own copies keeps using them.
 
+An interpreter that COLO_SHIM asks to patch but that cannot import colo_shim (the in-package
+bootstrap dir reaching another venv, an interpreter too old for the shim) would otherwise be a
+silent no-op while the driver's status() says `applied`: it says so in one stderr line naming the
+interpreter and the fix, and leaves a record in COLO_SHIM_STATUS_DIR for `colo-shim doctor --from`.
+
 Every interpreter of a job runs this file, so it uses the import machinery already loaded at
 start-up (importlib.util and importlib.machinery would cost more than the rest of this file).
 """
@@ -72,9 +77,43 @@ def _bootstrap():
         sys.path.append(vendor)
     try:
         from colo_shim._activate import activate
-    except ImportError:
-        return  # bootstrap dir reached an interpreter without colo_shim: stay out of the way
+    except Exception as exc:  # never stop the job: say so instead
+        _not_reached(exc)
+        return
     activate()
+
+
+def _fix():
+    if sys.version_info[:2] < (3, 10):
+        return "colo-shim needs Python 3.10-3.13: run this part of the job with one of those"
+    if not os.path.isdir(os.path.join(_HERE, "colo_shim")):  # the in-package bootstrap dir, no copy beside it
+        return ("start the job with `colo-shim run` (it puts colo_shim and a pure-Python wrapt on PYTHONPATH), or "
+                "put a `colo-shim bundle DIR` directory on PYTHONPATH, or pip install colo-shim into this environment")
+    return "the copy in %s does not import: delete it (`colo-shim run` rebuilds it) or rerun `colo-shim bundle`" % _HERE
+
+
+def _not_reached(exc):
+    version = "%d.%d.%d" % sys.version_info[:3]
+    why = "%s: %s" % (type(exc).__name__, exc)
+    sys.stderr.write("colo_shim: warning: COLO_SHIM=%r, but %s (Python %s) cannot import colo_shim (%s): the shim is "
+                     "NOT active in this process. Fix: %s\n" % (os.environ.get("COLO_SHIM"), sys.executable, version,
+                                                                why, _fix()))
+    directory = os.environ.get("COLO_SHIM_STATUS_DIR", "").strip()
+    if not directory:
+        return
+    try:  # same file name and keys as colo_shim.core.deferred._dump, plus why nothing was patched
+        import json
+        import socket
+
+        host, pid = socket.gethostname(), os.getpid()
+        path = os.path.join(directory, "%s-%d.json" % (host, pid))
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"host": host, "pid": pid, "argv": list(getattr(sys, "argv", []) or []), "records": [],
+                       "python": sys.executable, "python_version": version, "not_active": why}, fh)
+        os.replace(path + ".tmp", path)
+    except Exception:  # the warning above already said it
+        pass
 
 
 _bootstrap()

@@ -69,18 +69,57 @@ def report(import_targets: bool = False) -> list[dict]:
 
 
 def load(directory: str) -> list[dict]:
+    """Every process file in directory; a half-written or foreign file is skipped with a note."""
     processes = []
     for name in sorted(os.listdir(directory)):
         if name.endswith(".json"):
-            with open(os.path.join(directory, name)) as fh:
-                processes.append(json.load(fh))
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    processes.append(json.load(fh))
+            except (OSError, ValueError) as exc:
+                print(f"colo-shim doctor: skipped {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return processes
+
+
+def _from_dir(directory: str, as_json: bool) -> int:
+    hint = (f"set {config.STATUS_DIR}={directory} in the job's environment: each activated process writes "
+            "<host>-<pid>.json there at exit")
+    if not os.path.isdir(directory):
+        print(f"colo-shim doctor: {directory} is not a directory; {hint}", file=sys.stderr)
+        return 2
+    processes = load(directory)
+    if not processes:
+        print(f"colo-shim doctor: no status files in {directory}; {hint}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(processes, indent=2, default=str))
+        return 0
+    for proc in processes:
+        print(f"== {proc.get('host')} pid {proc.get('pid')}: {' '.join(map(str, proc.get('argv') or []))[:120]}")
+        if proc.get("not_active"):  # written by the bootstrap where colo_shim could not be imported
+            print(f"NOT active: {proc.get('python')} (Python {proc.get('python_version')}) could not import "
+                  f"colo_shim: {proc['not_active']}")
+        else:
+            print(format_table(proc.get("records") or []))
+    return 0
+
+
+def _header() -> str:
+    """What processes started with this environment really patch, not just whether COLO_SHIM is set."""
+    state = os.environ.get(config.ENABLE)
+    head = f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r}"
+    if not config.active():
+        return f"{head} (inactive: processes with this environment patch nothing)"
+    wanted = config.requested_patches(tuple(registry.families()))
+    if not wanted:
+        return f"{head} (names no known family: processes with this environment patch nothing)"
+    return f"{head} (active: {', '.join(wanted)})"
 
 
 def format_table(records: list[dict]) -> str:
     rows = [[str(r.get(c) if r.get(c) is not None else "-") for c in COLUMNS] for r in records]
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
     details = {r["name"]: r["details"] for r in records if r.get("details")}
     lines += [f"{name}: {json.dumps(d, default=str, sort_keys=True)}" for name, d in details.items()]
@@ -89,20 +128,17 @@ def format_table(records: list[dict]) -> str:
 
 def main(as_json: bool = False, import_targets: bool = False, from_dir: str | None = None) -> int:
     if from_dir:
-        processes = load(from_dir)
-        if as_json:
-            print(json.dumps(processes, indent=2, default=str))
-        for proc in [] if as_json else processes:
-            print(f"== {proc['host']} pid {proc['pid']}: {' '.join(proc['argv'])[:120]}")
-            print(format_table(proc["records"]))
-        return 0
-    records = report(import_targets)
+        return _from_dir(from_dir, as_json)
+    try:
+        records = report(import_targets)
+        header = _header()
+    except config.ConfigError as exc:  # COLO_SHIM_STRICT=1 and a bad value
+        print(f"colo-shim doctor: error: {exc} ({config.STRICT}=1)", file=sys.stderr)
+        return 2
     if as_json:
         print(json.dumps(records, indent=2, default=str))
         return 0
-    state = os.environ.get(config.ENABLE)
-    print(f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r} "
-          f"({'active' if config.active() else 'inactive: processes with this environment patch nothing'})")
+    print(header)
     print(format_table(records))
     fence_rows = _fence_advice()
     if fence_rows:

@@ -2,17 +2,27 @@
 
 Read on every call rather than cached at import, because drivers set them late (Ray runtime_env,
 launch scripts) and tests flip them per subprocess. A bad value must never stop a 1,000-GPU job,
-so it costs one clear warning line, unless COLO_SHIM_STRICT=1 asks for an error instead.
+so it costs one clear warning line, unless COLO_SHIM_STRICT=1 asks for an error instead. In
+strict mode at interpreter start-up (the .pth line, the bootstrap sitecustomize) there is no caller
+to raise to: Python would print the traceback, once per .pth pass, and run the job anyway; so there
+the error is one line on stderr and exit status 2, before any job code runs.
 """
 
 
 import os
+import sys
 
 ENABLE = "COLO_SHIM"
 DISABLE = "COLO_SHIM_DISABLE"
 STRICT = "COLO_SHIM_STRICT"
 LOG_LEVEL = "COLO_SHIM_LOG_LEVEL"
 STATUS_DIR = "COLO_SHIM_STATUS_DIR"
+FENCE_TIMEOUT = "COLO_SHIM_FENCE_TIMEOUT"
+FENCE_WARN_EVERY = "COLO_SHIM_FENCE_WARN_EVERY"
+# read only when a fence waits, which may be hours into a job: checked at arm time too, so a bad
+# value gets its word when the process starts
+SECONDS = (FENCE_TIMEOUT, FENCE_WARN_EVERY)
+EXIT_STRICT = 2
 
 _OFF = ("", "0", "off", "false", "no")
 _ALL = ("1", "all")
@@ -28,10 +38,25 @@ def strict() -> bool:
     return os.environ.get(STRICT, "").strip().lower() in _TRUE
 
 
-def complain(message: str, *, strict_mode: bool | None = None) -> None:
-    """One line for the operator; an error when strict, because strict means 'fail loudly'."""
+def _starting_up() -> bool:
+    """True inside a .pth line or sitecustomize: the import of `site` is still executing."""
+    spec = getattr(sys.modules.get("site"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def complain(message: str, *, strict_mode: bool | None = None, fallback: str = "") -> None:
+    """One line for the operator; an error when strict, because strict means 'fail loudly'.
+
+    fallback: what happens instead, said only when the job goes on (not strict).
+    """
     if strict() if strict_mode is None else strict_mode:
+        if _starting_up():
+            sys.stderr.write(f"colo_shim: error: {message} ({STRICT}=1: stopping {sys.executable}, "
+                             f"exit {EXIT_STRICT}; unset {STRICT} to warn and go on)\n")
+            sys.stderr.flush()
+            os._exit(EXIT_STRICT)  # SystemExit here would be a fatal start-up error with a traceback
         raise ConfigError(message)
+    message = f"{message} ({fallback})" if fallback else message
     if message not in _said:  # the same bad value is seen at arm time and again at install
         _said.add(message)
         import logging
@@ -62,6 +87,9 @@ def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
     else:
         raw = os.environ.get(ENABLE, "").strip().lower()
         wanted = _names(raw) if raw not in _OFF else []
+    if explicit is None:
+        for name in SECONDS:
+            env_float(name, 0.0)
     if explicit is None and raw in _OFF:
         wanted = list(known)  # install() called in code without COLO_SHIM: the caller wants it on
     if any(w in _ALL for w in wanted):
@@ -97,7 +125,8 @@ def env_float(name: str, default: float) -> float:
         value = float("nan")
     if value == value and value >= 0:
         return value
-    complain(f"{name}={raw!r} is not valid; use a non-negative number of seconds (using {default})")
+    complain(f"{name}={raw!r} is not valid; use a non-negative number of seconds, e.g. {name}=30",
+             fallback="ignored: the default applies")
     return default
 
 

@@ -33,10 +33,38 @@ def _held() -> tuple[int, int] | None:
     return int(stats["allocated_bytes.current"]), int(stats.get("active_bytes.current", 0))
 
 
+def _rss() -> int:
+    """This process's resident bytes: what can be known where torch keeps no host-allocator stats."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # no /proc (not Linux): nothing measurable
+        return 0
+
+
+def _release_unmeasured(torch) -> dict:
+    """torch < 2.7 has `_host_emptyCache` but no `host_memory_stats`: release anyway, measure RSS.
+
+    cudaFreeHost unmaps the blocks, so the drop in resident bytes is what was returned (other
+    threads allocating at the same moment can hide part of it, hence "measure": "rss").
+    """
+    before = _rss()
+    t = time.perf_counter()
+    torch._C._host_emptyCache()
+    seconds = time.perf_counter() - t
+    after = _rss()
+    return {"supported": True, "measure": "rss", "released": max(0, before - after), "seconds": round(seconds, 6),
+            "held": 0, "rss_before": before, "rss_after": after}
+
+
 def release_rpc(worker) -> dict:
     """Return the cached (unused) pinned blocks to the driver; report what it freed and the time."""
     import torch
 
+    if getattr(torch.cuda, "host_memory_stats", None) is None:
+        return _release_unmeasured(torch)
     before = _held()
     if before is None:
         return {"supported": False, "released": 0, "seconds": 0.0, "held": 0}
@@ -47,7 +75,8 @@ def release_rpc(worker) -> dict:
     torch._C._host_emptyCache()
     seconds = time.perf_counter() - t
     after = _held() or (0, 0)
-    return {"supported": True, "released": before[0] - after[0], "seconds": round(seconds, 6), "held": after[0]}
+    return {"supported": True, "measure": "allocator", "released": before[0] - after[0], "seconds": round(seconds, 6),
+            "held": after[0]}
 
 
 class _Record:
@@ -57,6 +86,7 @@ class _Record:
         self.seconds = 0.0
         self.unsupported = 0
         self.errors = 0
+        self.rss_measured = 0  # releases on torch without host_memory_stats (< 2.7), counted by RSS
         self.last: dict | None = None
 
 
@@ -83,10 +113,12 @@ def note(engine, results) -> dict:
     merged = {"released": sum(r.get("released", 0) for r in rows),
               "seconds": round(max((r.get("seconds", 0.0) for r in rows), default=0.0), 6),
               "held": sum(r.get("held", 0) for r in rows),
-              "supported": any(r.get("supported") for r in rows)}
+              "supported": any(r.get("supported") for r in rows),
+              "measure": ",".join(sorted({r["measure"] for r in rows if r.get("measure")})) or None}
     rec = _record(engine)
     with _lock:
         rec.last = merged
+        rec.rss_measured += merged["measure"] == "rss"
         if not merged["supported"]:
             rec.unsupported += 1
         elif merged["released"]:
@@ -113,7 +145,8 @@ def report() -> dict:
     recs = _records()
     return {"releases": sum(r.releases for r in recs), "released_bytes": sum(r.released for r in recs),
             "release_seconds": round(sum(r.seconds for r in recs), 4),
-            "unsupported": sum(r.unsupported for r in recs), "errors": sum(r.errors for r in recs)}
+            "unsupported": sum(r.unsupported for r in recs), "errors": sum(r.errors for r in recs),
+            "rss_measured": sum(r.rss_measured for r in recs)}
 
 
 def _failed(engine, exc: BaseException) -> None:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from helpers import TARGETS, deps_dir, run_python
 
 STATUSES = {"applied", "pending", "not-needed", "unsupported-version", "target-missing", "disabled", "failed"}
@@ -38,7 +40,7 @@ def test_unsupported_version_is_reported_from_metadata():
 def test_import_mode_applies_for_real_and_text_table():
     proc = doctor("--import", pythonpath=(deps_dir("nvrx", "0.7.0"),), env={"COLO_SHIM": "nvrx"})
     header, table = proc.stdout.splitlines()[0], proc.stdout.splitlines()[1:]
-    assert "COLO_SHIM='nvrx' (active)" in header
+    assert "COLO_SHIM='nvrx' (active: nvrx)" in header
     assert table[0].split() == ["name", "target", "status", "installed_version", "supported", "calls", "reason"]
     rows = [line.split() for line in table[1:] if line.startswith("nvrx ")]
     assert any(row[2] == "applied" for row in rows), proc.stdout
@@ -70,3 +72,27 @@ def test_processes_write_status_and_doctor_reads_them(tmp_path):
     assert proc.stdout.startswith("== ") and "megatron" in proc.stdout
     dumped = json.loads(doctor("--from", str(tmp_path), "--json").stdout)
     assert dumped[0]["pid"] and {r["status"] for r in dumped[0]["records"] if r["name"] == "megatron"} <= STATUSES
+
+
+def _doctor_raw(*args, env=None):
+    return run_python("import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))",
+                      args=("doctor", *args), env=env, timeout=240, check=False)
+
+
+def test_from_a_missing_or_empty_directory_says_what_to_set(tmp_path):
+    missing = _doctor_raw("--from", str(tmp_path / "missing"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+    assert missing.stderr.count("\n") == 1 and "is not a directory" in missing.stderr, missing.stderr
+    assert "COLO_SHIM_STATUS_DIR=" in missing.stderr
+    empty = _doctor_raw("--from", str(tmp_path))
+    assert empty.returncode == 1 and "no status files in" in empty.stderr and "Traceback" not in empty.stderr
+
+
+@pytest.mark.parametrize("value,says", [
+    ("bogus", "(names no known family: processes with this environment patch nothing)"),
+    ("nvrx,bogus", "(active: nvrx)"),
+    ("1", "(active: nvrx, megatron, vllm)"),
+])
+def test_header_says_what_is_really_active(value, says):
+    proc = doctor(env={"COLO_SHIM": value})
+    assert proc.stdout.splitlines()[0].endswith(says), proc.stdout.splitlines()[0]

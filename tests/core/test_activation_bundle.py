@@ -84,3 +84,11 @@ def test_host_wrapt_wins_over_the_bundled_copy(bundle_dir, user_site):
     r = last_json(run_in(python, REPORT, env={"PYTHONPATH": path, "COLO_SHIM": "1"}))
     assert r["wrapt"] == os.path.join(HOST_SITE, "wrapt", "__init__.py"), r
     assert r["layers"] == 1 and r["calls"]["shimtarget.sub:Engine.step"] == 1, r
+
+
+def test_doctor_runs_from_the_bundle_alone_with_colo_shim_unset(bundle_dir):
+    # the bootstrap adds the bundled wrapt only when COLO_SHIM is set; doctor needs it anyway
+    proc = run_in(venv_python(plain_venv()), "import runpy; runpy.run_module('colo_shim', run_name='__main__')",
+                  env={"PYTHONPATH": bundle_dir}, args=["doctor"])
+    assert proc.stdout.splitlines()[0].endswith("(inactive: processes with this environment patch nothing)")
+    assert proc.stdout.splitlines()[1].split()[:3] == ["name", "target", "status"], proc.stdout

@@ -121,3 +121,14 @@ print(json.dumps({"eps": [ep.value for ep in eps], "before": before,
     late = run("set-late")
     assert late == {"eps": ["colo_shim.vllm_plugin:register"], "before": False, "registry": True,
                     "wrapped": True}, late
+
+
+@pytest.mark.parametrize("var,value", [("COLO_SHIM", "yes please"), ("COLO_SHIM_FENCE_TIMEOUT", "abc")])
+def test_strict_bad_value_stops_the_process_with_one_line(python, var, value):
+    # the .pth runs twice in a venv; before, each pass printed a traceback and the job ran anyway
+    env = {"COLO_SHIM": "1", var: value, "COLO_SHIM_STRICT": "1"}
+    proc = run_in(python, "print('job ran')", env=env, check=False)
+    assert proc.returncode == 2 and "job ran" not in proc.stdout, proc
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{var}={value!r}" in lines[0] and "COLO_SHIM_STRICT=1: stopping" in lines[0], lines

@@ -76,3 +76,19 @@ def test_log_level_attaches_one_handler():
         print(len(logging.getLogger("colo_shim").handlers))
     """, pythonpath=(TARGETS,), env={"COLO_SHIM_LOG_LEVEL": "info"})
     assert child.stdout.strip() == "1"
+
+
+def test_bad_fence_timeout_gets_its_word_when_the_process_starts():
+    # read only when a fence waits (maybe hours later); arming checks it at once
+    child = run_python("import colo_shim; print('job ran')", env={"COLO_SHIM": "nvrx", "COLO_SHIM_FENCE_TIMEOUT": "abc"})
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    assert child.stdout.strip() == "job ran" and len(lines) == 1, child.stderr
+    assert "COLO_SHIM_FENCE_TIMEOUT='abc'" in lines[0] and "non-negative number of seconds" in lines[0], lines
+    assert "default applies" in lines[0], lines
+
+
+def test_bad_fence_timeout_is_an_error_when_strict():
+    child = run_python("import colo_shim", check=False,
+                       env={"COLO_SHIM": "nvrx", "COLO_SHIM_FENCE_TIMEOUT": "abc", "COLO_SHIM_STRICT": "1"})
+    assert child.returncode != 0 and "ConfigError: COLO_SHIM_FENCE_TIMEOUT='abc' is not valid" in child.stderr
+    assert "default applies" not in child.stderr  # strict: nothing is ignored
