@@ -5,7 +5,9 @@ an H200 with megatron-core 0.19.2 and a 12.2 GiB checkpoint (docs/checkpoint-fen
 keeps the writer warm but an offload right after a save waits for the whole file write (10.2-10.4 s
 to tmpfs, longer to a network file system); `stage` made that offload wait 0.2 ms, and pays a
 device-to-host copy into /dev/shm at each save (1.0-6.7 s) plus one /dev/shm copy of the checkpoint
-per rank, so it only fits where /dev/shm holds it; `restart` relies on close() alone, the only
+per rank, so it only fits where the node's /dev/shm holds every local rank's copy (the ranks
+reserve it node-wide when the job runs, shm_ledger; here it is divided by the ranks per node that
+the launcher's variables name, when doctor runs under one); `restart` relies on close() alone, the only
 strategy that uses no NVRx internals, so it is the one for NVRx builds the shim was not tested on
 (dev snapshots), and its next save boots a worker (9.7-9.8 s).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from colo_shim.checkpoint import release, stage
+from colo_shim.checkpoint import release, shm_ledger, stage
 from colo_shim.core import versions
 
 GIB = float(1 << 30)
@@ -55,8 +57,11 @@ def recommend(version: str | None, shm_budget: int | None, ckpt_bytes: int | Non
 def rows(ckpt_bytes: int | None = None) -> list[dict]:
     """Doctor rows for the family `nvrx` (name, target, status, installed_version, reason)."""
     version = versions.installed_version(release.DIST)
+    ranks = shm_ledger.local_ranks()
     try:
-        budget = stage.shm_budget()
+        budget = stage.shm_budget()  # an explicit budget is per rank already; the node's room is not
+        if not os.environ.get(stage.SHM_BYTES_ENV) and ranks["count"]:
+            budget //= ranks["count"]
     except Exception:
         budget = None
     choice, why = recommend(version, budget, ckpt_bytes)
@@ -77,4 +82,7 @@ def rows(ckpt_bytes: int | None = None) -> list[dict]:
             pass
     if os.environ.get(stage.SHM_BYTES_ENV):
         out[0]["reason"] += f" ({stage.SHM_BYTES_ENV}={os.environ[stage.SHM_BYTES_ENV]})"
+    elif version is not None and choice in ("stage", "inplace") and "/dev/shm" in why:
+        out[0]["reason"] += (f" (ranks per node: {ranks['count'] or 'unknown, counted as 1'}, from "
+                             f"{ranks['source']})")
     return out

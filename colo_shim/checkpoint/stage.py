@@ -9,27 +9,29 @@ wait for. The price is paid at schedule time (the device-to-host copy into share
 the trainer) and in host memory: one /dev/shm copy of the checkpointed tensors per rank, kept and
 reused across saves of the same structure.
 
-/dev/shm is often small (containers default to 64 MiB) and a full tmpfs kills the writer with
-SIGBUS, so each first save of a structure checks that its bytes fit this rank's share of the free
-space (free / LOCAL_WORLD_SIZE, or COLO_SHIM_STAGE_SHM_BYTES); if not, that save goes through CUDA
-IPC as before, with one warning that names the sizes, and the fence waits for it as with inplace.
+/dev/shm is often small (containers default to 64 MiB) and shared by every rank of the node, so
+each first save of a structure reserves its bytes node-wide under a file lock (shm_ledger; or
+checks them against COLO_SHIM_STAGE_SHM_BYTES, an explicit per-rank budget); if they do not fit,
+that save goes through CUDA IPC as before, with one warning that names the sizes, and the fence
+waits for it as with inplace. An allocation that still fails mid-save (/dev/shm filled by
+something outside the ledger) falls back the same way instead of raising into the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import weakref
 
-from colo_shim.checkpoint import state
+from colo_shim.checkpoint import shm_ledger, state
 
 log = logging.getLogger("colo_shim.nvrx")
 
-SHM_DIR_ENV, SHM_BYTES_ENV = "COLO_SHIM_STAGE_SHM_DIR", "COLO_SHIM_STAGE_SHM_BYTES"
+SHM_DIR_ENV, SHM_BYTES_ENV = shm_ledger.DIR_ENV, "COLO_SHIM_STAGE_SHM_BYTES"
 _FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 _stats = {"staged_saves": 0, "staged_bytes": 0, "ipc_saves": 0, "shm_budget": None, "refused": ""}
-_warned: set = set()
 
 
 def active() -> bool:
@@ -55,20 +57,35 @@ def writer_init(wrapped, instance, args, kwargs):
     return result
 
 
-def shm_budget() -> int:
-    """Bytes of /dev/shm this rank may fill: an explicit budget, else its share of the free space."""
+def _explicit_budget() -> int | None:
     explicit = os.environ.get(SHM_BYTES_ENV)
     if explicit:
         try:
             return int(float(explicit))
         except ValueError:
             log.warning("colo_shim: %s=%r is not a number of bytes; using /dev/shm's free space", SHM_BYTES_ENV, explicit)
+    return None
+
+
+def shm_budget() -> int:
+    """Bytes of /dev/shm this rank may fill now: an explicit per-rank budget, else the node's free
+    space less what other ranks reserved and have not allocated yet (shm_ledger)."""
+    explicit = _explicit_budget()
+    if explicit is not None:
+        return explicit
     try:
-        st = os.statvfs(os.environ.get(SHM_DIR_ENV, "/dev/shm"))
+        return shm_ledger.available()
+    except OSError:
+        return _share_without_ledger()
+
+
+def _share_without_ledger() -> int:
+    """No ledger (an shm directory without flock or write access): this rank's share of the free space."""
+    try:
+        free = shm_ledger.free_bytes()
     except OSError:
         return 0
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return st.f_bavail * st.f_frsize // ranks
+    return free // max(1, shm_ledger.local_ranks()["count"] or 1)
 
 
 def _plan_bytes(plan) -> int:
@@ -90,38 +107,132 @@ def _staged_bytes(writer_cls) -> int:
     return sum(t.numel() * t.element_size() for _, tensors in cache.values() for t in tensors)
 
 
+def _structure_key(plan):
+    """NVRx's cache key for this plan (the same items reach prepare_write_data), None if unknown."""
+    fs = sys.modules.get(_FS)
+    keyer = getattr(fs, "_compute_data_structure_key_from_plan", None)
+    if keyer is None:
+        return None
+    items = [item for item in plan.items if item.type != fs.WriteItemType.BYTE_IO]
+    return keyer(items) if items else None
+
+
+def _new_bytes(writer, plan) -> int:
+    """What this save allocates in /dev/shm: nothing when its structure's buffers are cached."""
+    key = _structure_key(plan)
+    if key is None:
+        return max(0, _plan_bytes(plan) - _staged_bytes(type(writer)))
+    if writer.use_cached_data_structure and key in (getattr(type(writer), "_shm_tensor_cache", None) or {}):
+        return 0
+    return _plan_bytes(plan)
+
+
 def check_room(wrapped, instance, args, kwargs):
-    """Before a staged save: the shm copies it needs must fit, or this save keeps CUDA IPC."""
+    """Before a staged save: its new shm copies must fit node-wide (reserved under the ledger's
+    lock), or this save keeps CUDA IPC."""
     try:
         if getattr(instance, "_colo_staged", False) and instance.use_cpu_shm_for_gpu_tensors:
-            plan = args[0] if args else kwargs.get("plan")
-            need = _plan_bytes(plan)
-            have = _staged_bytes(type(instance))
-            budget = shm_budget()
-            _stats["shm_budget"] = budget
-            if need > have and need - have > budget:
-                _refuse(instance, need, budget)
+            need = _new_bytes(instance, args[0] if args else kwargs.get("plan"))
+            granted, room = True, None
+            if need:
+                try:
+                    granted, room = shm_ledger.reserve(need, _explicit_budget())
+                except OSError as exc:
+                    _warn_once("ledger", "colo_shim: no /dev/shm reservation ledger in %s (%s: %s); each rank "
+                               "budgets its share of the free space (%s ranks per node, %s)", shm_ledger.directory(),
+                               type(exc).__name__, exc, shm_ledger.local_ranks()["count"] or 1,
+                               shm_ledger.local_ranks()["source"])
+                    room = _explicit_budget()
+                    room = _share_without_ledger() if room is None else room
+                    granted = need <= room
+                _stats["shm_budget"] = room
+            if not granted:
+                _refuse(instance, need, room)
             else:
                 _stats["staged_saves"] += 1
                 _stats["staged_bytes"] = max(_stats["staged_bytes"], need)
+                _guard_allocation(instance, need)
     except Exception as exc:
         log.warning("colo_shim: /dev/shm check skipped: %s: %s", type(exc).__name__, exc)
     return wrapped(*args, **kwargs)
 
 
-def _refuse(writer, need: int, budget: int) -> None:
+def _warn_once(key: str, message: str, *args) -> None:
+    from colo_shim.checkpoint import release
+
+    release._warn_once(f"stage-{key}", message, *args)
+
+
+def _to_ipc(writer) -> None:
     from colo_shim.checkpoint import release
 
     writer.use_cpu_shm_for_gpu_tensors = False
     release.clear_training_caches(keep_shm=False)  # no cache key may mix the two transfer modes
     _stats["ipc_saves"] += 1
     state._totals["stage_fallbacks"] += 1
+
+
+def _refuse(writer, need: int, budget: int) -> None:
+    _to_ipc(writer)
     _stats["refused"] = f"needs {_size(need)} of /dev/shm, {_size(budget)} available"
-    if "room" not in _warned:
-        _warned.add("room")
-        log.warning("colo_shim: COLO_SHIM_NVRX_RELEASE=stage: this checkpoint %s for this rank; it is written "
-                    "through CUDA IPC instead and the fence waits for it at the next offload. Enlarge /dev/shm "
-                    "(docker --shm-size) or set %s.", _stats["refused"], SHM_BYTES_ENV)
+    _warn_once("room", "colo_shim: COLO_SHIM_NVRX_RELEASE=stage: this checkpoint %s for this rank (node-wide, "
+               "after what other ranks reserved); it is written through CUDA IPC instead and the fence waits "
+               "for it at the next offload. Enlarge /dev/shm (docker --shm-size) or set %s.",
+               _stats["refused"], SHM_BYTES_ENV)
+
+
+def _shm_failure(exc: BaseException) -> bool:
+    """torch's shm allocation failed (it fallocates, so a full tmpfs fails here, not by SIGBUS later)."""
+    if isinstance(exc, OSError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(s in text for s in (
+        "unable to allocate shared memory", "No space left on device", "unable to mmap", "Cannot allocate memory",
+        "unable to open shared memory"))
+
+
+def _guard_allocation(writer, need: int) -> None:
+    """This save's prepare_write_data, where NVRx allocates the shm copies: an allocation that still
+    fails (/dev/shm filled by something outside the ledger) sends the save through CUDA IPC."""
+    cls = type(writer)
+    prepare = cls.prepare_write_data.__get__(writer, cls)
+    before = set(getattr(cls, "_shm_tensor_cache", None) or {})
+
+    def prepare_write_data(*args, **kwargs):
+        writer.__dict__.pop("prepare_write_data", None)  # this save only
+        try:
+            result = prepare(*args, **kwargs)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                shm_ledger.abandon()
+            if not (writer.use_cpu_shm_for_gpu_tensors and _shm_failure(exc)):
+                raise
+            message = f"{type(exc).__name__}: {exc}"
+            del exc  # its traceback holds the copies already allocated: free them before the retry
+            _to_ipc(writer)
+            _stats["refused"] = f"allocation failed mid-save ({message})"
+            _warn_once("alloc", "colo_shim: COLO_SHIM_NVRX_RELEASE=stage: /dev/shm ran out while staging this "
+                       "checkpoint (%s); it is written through CUDA IPC instead and the fence waits for it.", message)
+            return prepare(*args, **kwargs)
+        with contextlib.suppress(Exception):
+            _note_allocated(writer, before, need)
+        return result
+
+    writer.prepare_write_data = prepare_write_data
+
+
+def _note_allocated(writer, before: set, need: int) -> None:
+    cache = getattr(type(writer), "_shm_tensor_cache", None) or {}
+    fresh = [tensors for key, (_, tensors) in cache.items() if key not in before]
+    sent = getattr(writer, "cached_tensor_data", None)
+    if not fresh and sent is not None and not writer.use_cached_data_structure:
+        fresh = [sent[1]]  # no caching: fresh copies every save, freed once the write is done
+    tensors = [t for group in fresh for t in group]
+    if not tensors:
+        if need:
+            shm_ledger.abandon()
+        return
+    shm_ledger.allocated(sum(t.numel() * t.element_size() for t in tensors), keepalive=tensors[0])
 
 
 def _size(n: int) -> str:
@@ -159,4 +270,9 @@ def _register_drain(queue) -> None:
 
 
 def report() -> dict:
-    return {"stage": dict(_stats)} if active() else {}
+    if not active():
+        return {}
+    out = dict(_stats, local_ranks=shm_ledger.local_ranks())
+    with contextlib.suppress(Exception):
+        out["ledger"] = shm_ledger.snapshot()
+    return {"stage": out}
