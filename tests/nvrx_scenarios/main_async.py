@@ -110,6 +110,52 @@ def main_refit(opts):
     return out
 
 
+def finalize_offloads(opts):
+    """Save 0's finalize function offloads (fences) while save 1 is pending with its write gated:
+    save 1 must not be finalized before save 0's finalize completed. The finalize function opens
+    save 1's gate just before the fence, so the fence has a write in flight to deal with."""
+    import functools
+
+    import colo_shim
+
+    colo_shim.install(["nvrx", "megatron"])
+    import torch
+    from colo_shim.checkpoint import state
+    from colo_shim.cli import saver as cs
+
+    import gated_io
+
+    cs.init_single_rank()
+    root = tempfile.mkdtemp()
+    q = cs.make_queue(shm=True)
+    events, out = [], {}
+    gate = f"{root}/gate1"
+    states = [{"w": torch.full((256,), float(i)), "m": torch.randn(16, 4)} for i in range(2)]
+
+    def offload_in_finalize():
+        events.append("f0 start")
+        open(gate, "w").close()
+        out["fence"] = colo_shim.fence("offload from a finalize").as_dict()
+        out["pending_in_f0"] = q.get_num_unfinalized_calls()
+        caller = q.persistent_caller  # save 1's completion, read by the fence and handed back to NVRx
+        out["written_in_f0"] = (caller.cur_item is not None) + len(state._handed_back.get(caller, ()))
+        events.append("f0 end")
+
+    cs.async_save(q, states[0], f"{root}/0", cached=True, shm=True)
+    q.async_calls[-1].async_request.finalize_fns.append(offload_in_finalize)
+    cs.async_save(q, states[1], f"{root}/1", cached=True, shm=True,
+                  wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+    q.async_calls[-1].async_request.finalize_fns.append(lambda: events.append("f1"))
+    if opts.get("cuda", True):
+        state.note_cuda_sent(q)  # CPU machine: a writer holding GPU memory, which the fence must handle
+    out["host_finalized"] = q.maybe_finalize_async_calls(blocking=True, no_dist=True)
+    out["events"] = events
+    out["pending_at_end"] = q.get_num_unfinalized_calls()
+    out["equal"] = [_equal(cs, f"{root}/{i}", states[i]) for i in range(2)]
+    q.close()
+    return out
+
+
 def _equal(cs, path, expected):
     import torch
 
