@@ -29,8 +29,11 @@ def _bookkeeping(result):
     assert result["dirs"] == ["step_3"], result
 
 
-def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers():
-    result = _run({}, STAGE)
+@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
+def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers(cls):
+    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
+    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
+    result = _run({"ray_class": cls == "ray_actor_class"}, STAGE)
     steps = result["steps"]
     for row in steps:  # the gate was still shut when both offloads returned: nobody waited
         assert row["offload_waited"] is False and row["gate_open_after_offload"] is False, row

@@ -38,7 +38,7 @@ def main_refit(opts):
     import torch
     from colo_shim.checkpoint import state
     from colo_shim.cli import saver as cs
-    from nemo_rl.models.policy.workers.megatron_policy_worker import MegatronPolicyWorkerImpl
+    from nemo_rl.models.policy.workers import megatron_policy_worker as mpw
     from nemo_rl.utils.checkpoint import CheckpointManager
 
     import gated_io
@@ -49,7 +49,10 @@ def main_refit(opts):
     cfg = {"model": model, "optimizer": None, "generation": {"colocated": {"enabled": True}},
            "checkpoint": {"async_save": True, "async_strategy": "nvrx", "use_persistent_ckpt_worker": True,
                           "ckpt_assume_constant_structure": True, "async_ckpt_use_cpu_shm": False}}
-    worker = MegatronPolicyWorkerImpl(cfg, None, worker_sharding_annotations=None)
+    # ray_class: the class Ray instantiates in the actor (`@ray.remote` captured its methods)
+    cls = mpw.MegatronPolicyWorker.__ray_metadata__.modified_class if opts.get("ray_class") \
+        else mpw.MegatronPolicyWorkerImpl
+    worker = cls(cfg, None, worker_sharding_annotations=None)
     shm = bool(opts.get("shm"))  # False: the job asks for CUDA IPC, which stage turns into /dev/shm
     q = cs.make_queue(shm=shm)  # True: NVRx's own shm worker (no CUDA on this machine without stage)
     worker.async_calls_queue = q
