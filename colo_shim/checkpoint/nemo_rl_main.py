@@ -4,7 +4,8 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
 - Module `nemo_rl.models.policy.workers.megatron_policy_worker` defines a class
   `MegatronPolicyWorkerImpl` with a method `finalize_async_save(self)` (no other arguments). The
   patch wraps that method (and, through core/ray_actors.py, every `@ray.remote` subclass such as
-  main's `MegatronPolicyWorker`). No such method: the target reports not-needed and nothing changes.
+  main's `MegatronPolicyWorker`). No such method (NeMo-RL before PR #3322): the target reports
+  target-missing (not required) and nothing changes.
 - An "offload call" is a call of `finalize_async_save` made, on the same thread, while a method
   named `offload_before_refit` or `offload_after_refit` of the same instance (`self`) is running
   (found on the Python stack, up to 16 frames up). Every other call (main's checkpointer thread via
@@ -28,6 +29,12 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
 - Not host-only (another strategy, a save that went through CUDA IPC, an unknown queue): main's
   method runs unchanged, both kinds of call.
 - A failure of the shim's own decision logs a warning and runs main's method unchanged.
+- What a harness must also have: the `megatron` family on (COLO_SHIM=1 or a list naming it) and
+  the class in that module when the module finishes importing (the patch is a post-import hook);
+  saves through NVRx queues (megatron-core `--async-strategy nvrx` / Megatron-Bridge nvrx): a
+  queue the nvrx family does not see scheduling (megatron-core's own AsyncCallsQueue) counts as
+  "may hold CUDA" and keeps main's code unchanged. Counters: colo_shim.status() row `megatron`,
+  details["nemo_rl_main"] = {offload_skipped, release_kept, unchanged}.
 
 WHY: main calls finalize_async_save first in both refit offloads: a blocking finalize, then (when
 `_requires_nvrx_cuda_cache_release()`) close the writer and FileSystemWriterAsync.cleanup_tensor_caches(),
@@ -52,14 +59,6 @@ OFFLOADS = ("offload_before_refit", "offload_after_refit")
 _FLAG = "_async_checkpoint_cuda_cache_active"
 _DEPTH = 16
 _stats = {"offload_skipped": 0, "release_kept": 0, "unchanged": 0}
-
-
-def has_no_finalize(module):
-    """upstream_fixed detector for the finalize target: only main's worker has the method."""
-    impl = getattr(module, "MegatronPolicyWorkerImpl", None)
-    if impl is None or not hasattr(impl, "finalize_async_save"):
-        return "no MegatronPolicyWorkerImpl.finalize_async_save (NeMo-RL before PR #3322); the offloads are fenced"
-    return None
 
 
 def _in_offload(instance) -> bool:
