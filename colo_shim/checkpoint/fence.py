@@ -17,15 +17,19 @@ the bytes in flight; COLO_SHIM_FENCE_TIMEOUT > 0 opts into raising FenceTimeout 
 A fence with nothing to wait for does no collective and takes microseconds. Finalizing holds
 state.lock, which the NVRx wrapper also takes around the host's own finalize calls: a host thread
 (a background checkpoint finalizer) and the fence never finalize the same call or race on comp_q.
+A fence run by a save's own finalize function (an offload called from it) finalizes nothing: it
+waits for the later saves' writes and leaves their finalize to the loop already running, in order.
 """
 
 from __future__ import annotations
 
 import logging
+import queue as _queue
 import sys
 import time
 from dataclasses import dataclass, field
 
+from colo_shim.checkpoint import state
 from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: the fence's public helpers)
     TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _totals, bytes_in_flight, describe, forget_release,
     live_queues, lock, must_wait, note_cuda_sent, pending, rank, totals, track_holder, track_queue,
@@ -120,6 +124,42 @@ def _finalize(queue, wait: Wait) -> int:
         lock.release()
 
 
+def _await_writes(queue, wait: Wait) -> None:
+    """Wait until the worker wrote every pending save, finalizing none: the finalize running on this
+    thread, then NVRx's own loop, finalize them in order. Completions read are handed back."""
+    from colo_shim.checkpoint import worker
+
+    for caller in {id(c.async_caller): c.async_caller for c in queue.async_calls}.values():
+        owed = sum(1 for c in queue.async_calls if c.async_caller is caller)
+        comp_q = getattr(caller, "comp_q", None)
+        while comp_q is None and caller.process is not None and caller.process.is_alive():
+            wait.tick(queue)  # a temporal worker: one write per process
+        have = (caller.cur_item is not None) + len(state._handed_back.get(caller, ())) if comp_q is not None else owed
+        while have < owed:
+            try:
+                got = comp_q.get(timeout=0.05)
+            except _queue.Empty:
+                got = None
+            if got == worker.MARKER and state._owed.get(caller, 0) > 0:
+                state._owed[caller] -= 1
+            elif got is not None:
+                state.hand_back(caller, got)
+                have += 1
+            elif _worker_dead(queue):
+                raise CheckpointWorkerDied(f"colo_shim fence: rank {rank()}: checkpoint worker exited with a "
+                                           f"save pending on {describe(queue)}")
+            else:
+                wait.tick(queue)
+
+
+def _drops_in_place(release) -> bool:
+    """Whether this release leaves pending saves alone (an in-place drop), rather than closing the queue."""
+    from colo_shim.core import versions
+
+    return release.strategy() in ("inplace", "stage") and release.inplace_tested(
+        versions.installed_version(release.DIST))
+
+
 def _free_bytes():
     torch = sys.modules.get("torch")
     try:
@@ -144,16 +184,22 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
     report = FenceReport(reason, 0, len(queues), not_waited=skipped)
     free_before = _free_bytes()
     wait = wait or Wait()
-    from colo_shim.checkpoint import state
-
+    nested = lock.held_here()  # inside a save's finalize function: later saves must wait their turn
     for queue in busy:
         if pending(queue):
-            report.calls_finalized += _finalize(queue, wait)
+            if nested:
+                _await_writes(queue, wait)
+            else:
+                report.calls_finalized += _finalize(queue, wait)
     holding = [q for q in busy if q in state._cuda_sent]
     if holding:
         from colo_shim.checkpoint import release
 
         for queue in holding:
+            if nested and pending(queue) and not _drops_in_place(release):
+                log.warning("colo_shim fence(%s) inside a checkpoint finalize: the %s release would finalize "
+                            "later saves first; left to the next fence", reason, release.strategy())
+                continue
             try:
                 how = release.release(queue, wait)
             except (FenceTimeout, CheckpointWorkerDied):

@@ -12,7 +12,9 @@ Ray ActorClass; the plain class is reached through its `__ray_actor_class__`. Fr
 lives in MegatronPolicyWorkerImpl. Calls through the actor go through methods `@ray.remote`
 captured before any patch; core/ray_actors.py makes them reach these wrappers, in the driver and in
 the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL already has finalize_async_save (PR #3322),
-offload_before_refit/offload_after_refit fence themselves and the shim stays out of them.
+offload_before_refit/offload_after_refit fence themselves and the shim stays out of them; with the
+stage strategy, main's finalize_async_save itself is wrapped so host-only writes stay async
+(checkpoint/nemo_rl_main.py says exactly when).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from colo_shim.core.registry import Patch, Target
-from colo_shim.checkpoint import fence, state
+from colo_shim.checkpoint import fence, nemo_rl_main, state
 
 log = logging.getLogger("colo_shim.megatron")
 
@@ -60,6 +62,8 @@ def declaration() -> Patch:
             *_nemo_targets(NEMO_OLD, "MegatronPolicyWorker.__ray_actor_class__"),
             *_nemo_targets(NEMO_NEW, "MegatronPolicyWorker.__ray_actor_class__", extra_fixed=_impl_layout),
             *_nemo_targets(NEMO_NEW, "MegatronPolicyWorkerImpl"),
+            Target(NEMO_NEW, "MegatronPolicyWorkerImpl.finalize_async_save", nemo_rl_main.finalize_async_save, None, "",
+                   required=False),  # NeMo-RL main only (PR #3322); target-missing before
         ),
         report=_report,
     )
@@ -147,7 +151,7 @@ def _tracking(register: str, what: str):
 
 
 def _report() -> dict:
-    return state.totals()
+    return {**state.totals(), **nemo_rl_main.report()}
 
 
 PATCH = declaration()

@@ -27,9 +27,41 @@ _cached_keys: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue
 _inflight: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> deque of bytes per save
 _owed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # caller -> drop markers still to come
 _handed_back: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # caller -> completions we read
-# One finalizer at a time per process: NVRx's finalize pops the head call and reads comp_q without
-# a lock, so the fence and a host thread finalizing concurrently could both take the same call.
-lock = threading.RLock()
+
+
+class _FinalizeLock:
+    """One finalizer at a time per process: NVRx's finalize pops the head call and reads comp_q
+    without a lock, so the fence and a host thread finalizing concurrently could both take the
+    same call. Re-entrant, because a save's finalize function may itself offload (and fence) on
+    the finalizing thread; `held_here()` tells the fence it runs inside such a finalize, where
+    finalizing later saves would complete them before the one still running (issue 16 item 5)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._owner, self._depth = None, 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._owner, self._depth = threading.get_ident(), self._depth + 1
+        return True
+
+    def release(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def held_here(self) -> bool:
+        return self._owner == threading.get_ident()
+
+
+lock = _FinalizeLock()
 # fence_s / fence_max_s: how long fences held the job up, the figure that tells whether a save
 # stayed async across an offload (a fence that leaves a host-only save writing costs microseconds).
 _totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0, "skipped_host_only": 0,

@@ -85,6 +85,7 @@ def _expected(release: str) -> dict:
         exp.update({IMPL + m: "applied" for m in MEG})
         if release == "main":  # PR #3322: upstream finalize_async_save fences these two itself
             exp.update({IMPL + m: "not-needed" for m in ("offload_before_refit", "offload_after_refit")})
+        exp[IMPL + "finalize_async_save"] = "applied" if release == "main" else "target-missing"
     return exp
 
 
@@ -133,7 +134,8 @@ def engine_root(tmp_path_factory):
     return str(root)
 
 
-def run_child(release: str, check: str, engine: str, timeout: float = 240) -> dict:
+def run_child(release: str, check: str, engine: str, timeout: float = 240, script: str = "compat_child.py",
+              extra_env: dict | None = None, extra_path: tuple = ()) -> dict:
     tree = _tree(release)
     pins = RELEASES[release]
     meta = dist_info(os.path.dirname(engine), pins["vllm"])
@@ -143,12 +145,15 @@ def run_child(release: str, check: str, engine: str, timeout: float = 240) -> di
         "COLO_SHIM_COMPAT_TREE": tree,
         "COLO_SHIM_COMPAT_RELEASE": release,
         "COLO_SHIM_COMPAT_STANDIN_VERSIONS": f"transformers={pins['transformers']}",
+        "COLO_SHIM_COMPAT_HIDE": "transformers",  # an installed one is newer than the releases pin
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join([
             os.path.join(REPO, "colo_shim", "bootstrap"),  # zero-code activation, chains site/ next
-            os.path.join(HERE, "site"), REPO, tree, TESTS, os.path.join(TESTS, "doubles"), engine, meta]),
+            os.path.join(HERE, "site"), REPO, tree, TESTS, os.path.join(TESTS, "doubles"), engine, meta,
+            *extra_path]),
+        **(extra_env or {}),
     })
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "compat_child.py"), check], env=env, cwd=REPO,
+    proc = subprocess.run([sys.executable, os.path.join(HERE, script), check], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (
@@ -285,3 +290,34 @@ def test_speculative_drafter_survives_the_finish(release, engine_root):
     assert check is not None and check["drafter"], res
     assert check["nan"] == [], res
 
+
+
+@pytest.mark.parametrize("mode", ("stage", "no_stage"))
+def test_main_finalize_async_save_stays_async_with_stage(mode, engine_root):
+    """Issue 16 item 4 on the real main tree (main_async_child.py): with stage, main's own
+    offload_before_refit gets past its finalize_async_save while the save's write is still held
+    (gated), the checkpointer's waiting call then waits with terminate=False and keeps the worker
+    and its staged buffers; without stage main's code runs unchanged (waits, terminate, cleanup)."""
+    from helpers import deps_dir
+
+    env = {"COLO_SHIM_NVRX_RELEASE": "stage"} if mode == "stage" else {}
+    res = run_child("main", "main_async", engine_root, script="main_async_child.py", extra_env=env,
+                    extra_path=(deps_dir("nvrx", "0.7.0"), os.path.join(TESTS, "nvrx_scenarios")))
+    steps = res["steps"]
+    assert res["requires_release"] is True  # main's own verdict: it would close the writer and drop caches
+    assert all(r["offload"].endswith("after its finalize") or r["offload"] == "returned" for r in steps), steps
+    assert all(r["equal"] and r["pending_after_wait"] == 0 for r in steps), steps
+    if mode == "stage":
+        for r in steps:
+            assert r["waited"] is False and r["gate_open"] is False and r["pending"] == 1, r
+            assert r["offload_calls"] == [] and r["wait_calls"] == [{"blocking": True, "terminate": False}], r
+            assert r["flag_after"] is True, r
+        assert len({r["pid_before"] for r in steps} | {r["pid_after"] for r in steps}) == 1, steps
+        assert steps[1]["shm_before"] and steps[1]["shm_after"] == steps[2]["shm_after"] == steps[1]["shm_before"]
+    else:
+        for r in steps:
+            assert r["waited"] is True and r["pending"] == 0, r
+            assert r["offload_calls"][0] == {"blocking": True, "terminate": True}, r
+            assert "ipc_collect" in r["offload_calls"] and "empty_cache" in r["offload_calls"], r
+            assert r["pid_after"] is None and r["shm_after"] == [], r
+    assert res["status"] == {IMPL + "finalize_async_save": "applied"}, res["status"]

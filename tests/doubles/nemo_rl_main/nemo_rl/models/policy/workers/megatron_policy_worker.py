@@ -2,9 +2,14 @@
 
 main adds `finalize_async_save()` (PR #3322), called first in offload_before_refit and
 offload_after_refit: it finalizes the async save (Megatron-Bridge's maybe_finalize_async_save,
-blocking, terminate when the writer cached CUDA tensors), then cleanup_tensor_caches, gc,
-ipc_collect, empty_cache. Here the queue is the real NVRx AsyncCallsQueue a test puts in
-`async_calls_queue` (upstream keeps it in Megatron-Bridge's GlobalState).
+blocking, terminate=release), and on release cleanup_tensor_caches, gc, ipc_collect, empty_cache;
+release = `_async_checkpoint_cuda_cache_active and _requires_nvrx_cuda_cache_release()` (async nvrx,
+persistent worker, constant structure, not async_ckpt_use_cpu_shm, colocated), the flag set by
+save_checkpoint. save_checkpoint keeps main's order: set the flag, blocking finalize of the previous
+save, then the save. Here the queue is the real NVRx AsyncCallsQueue a test puts in
+`async_calls_queue` (upstream keeps it in Megatron-Bridge's GlobalState), `config["checkpoint"]`
+holds the Megatron checkpoint config keys main reads (a dict, upstream a dataclass), and the save
+itself is the test's `save_fn(weights_path)` (Megatron-Bridge's save_checkpoint is not installed).
 
 Otherwise the layout of v0.7 (plain `MegatronPolicyWorkerImpl`, thin `@ray.remote` subclass).
 """
@@ -47,17 +52,37 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
         super().offload_after_refit()
 
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None, **kwargs):
-        raise NotImplementedError("tests drive NVRx directly and mark CUDA-cache use")
+        """Returns after scheduling when async (the write goes on in NVRx's worker)."""
+        is_async = self.cfg.get("checkpoint", {}).get("async_save", False)
+        if is_async and self._requires_nvrx_cuda_cache_release():
+            self._async_checkpoint_cuda_cache_active = True
+        self._maybe_finalize_async_save(blocking=True)  # the previous save, fully written
+        self.save_fn(weights_path)
+        if not is_async:
+            self._maybe_finalize_async_save(blocking=True)
 
-    def finalize_async_save(self):
-        """Finalize an async write and release the writer's CUDA IPC cache when it has one."""
+    def _maybe_finalize_async_save(self, blocking: bool, terminate: bool = False):
+        """Megatron-Bridge's maybe_finalize_async_save on the worker's queue (no_dist: one rank)."""
         queue = self.async_calls_queue
         if queue is None:
             return
-        release = self._async_checkpoint_cuda_cache_active
-        queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
-        if release:
+        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=True)
+        if terminate:
             queue.close()
+
+    def _requires_nvrx_cuda_cache_release(self) -> bool:
+        ckpt = self.cfg.get("checkpoint", {})
+        colocated = (self.cfg.get("generation") or {}).get("colocated") or {}
+        return bool(ckpt.get("async_save") and ckpt.get("async_strategy", "nvrx") == "nvrx"
+                    and ckpt.get("use_persistent_ckpt_worker", False)
+                    and ckpt.get("ckpt_assume_constant_structure", False)
+                    and not ckpt.get("async_ckpt_use_cpu_shm", False) and colocated.get("enabled", False))
+
+    def finalize_async_save(self):
+        """Finalize an async write and release the writer's CUDA IPC cache when it has one."""
+        release = bool(self._async_checkpoint_cuda_cache_active and self._requires_nvrx_cuda_cache_release())
+        self._maybe_finalize_async_save(blocking=True, terminate=release)
+        if release:
             from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
 
             cleanup = getattr(FileSystemWriterAsync, "cleanup_tensor_caches", None)

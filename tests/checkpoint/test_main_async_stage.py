@@ -1,0 +1,58 @@
+"""Issue 16 item 4: NeMo-RL main's own finalize_async_save stays async under stage.
+
+Real NVRx 0.7.0, real spawned worker, the main doubles of the Megatron policy worker (main's
+finalize_async_save / save_checkpoint / _requires_nvrx_cuda_cache_release) and of the checkpointer
+(begin_finalization's background rename and pruning). Each save's write is gated: it cannot finish
+until the scenario opens the gate, which it does after both refit offloads returned and training
+changed the tensors. Code that waits for the write inside an offload is recorded and lets it
+through (so old code fails on an assertion, never by hanging).
+"""
+
+import pytest
+
+from nvrx_scenarios import runner
+
+MAIN = runner.os.path.join(runner.HERE, "main_async.py")
+STAGE = {"COLO_SHIM_NVRX_RELEASE": "stage"}
+
+
+def _run(opts, env=None):
+    return runner.run("main_refit", {"steps": 3, **opts}, nvrx="0.7.0", doubles="main", script=MAIN,
+                      timeout=180, env=env).result
+
+
+def _bookkeeping(result):
+    """Each step's checkpoint, read back after the job's own finalize, holds that step's values;
+    main renamed it to the latest step_N and pruned the older ones (keep_top_k=1)."""
+    assert [r["latest"] for r in result["steps"]] == ["step_1", "step_2", "step_3"], result
+    assert all(r["equal"] for r in result["steps"]), result
+    assert result["dirs"] == ["step_3"], result
+
+
+@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
+def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers(cls):
+    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
+    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
+    result = _run({"ray_class": cls == "ray_actor_class"}, STAGE)
+    steps = result["steps"]
+    for row in steps:  # the gate was still shut when both offloads returned: nobody waited
+        assert row["offload_waited"] is False and row["gate_open_after_offload"] is False, row
+        assert row["pending_after_offload"] == 1, row
+    assert result["status"] == {"MegatronPolicyWorkerImpl.finalize_async_save": "applied"}
+    _bookkeeping(result)
+    pids = {r["pid_before"] for r in steps} | {r["pid_after"] for r in steps}
+    assert len(pids) == 1 and None not in pids, steps  # one writer for the whole run, never closed
+    assert steps[1]["shm_before"], steps  # the staged /dev/shm buffers, from the second save on ...
+    assert steps[1]["shm_before"] == steps[1]["shm_after"] == steps[2]["shm_before"] == steps[2]["shm_after"]
+    assert result["cache_flag"] is True  # main's flag kept: a later CUDA save is still released
+    assert result["stats"] == {"offload_skipped": 6, "release_kept": 3, "unchanged": 0}
+
+
+@pytest.mark.parametrize("case", ("stage_cuda_save", "no_stage"))
+def test_main_code_runs_unchanged_when_a_save_may_hold_cuda_or_without_stage(case):
+    result = _run({"cuda": True}, STAGE) if case == "stage_cuda_save" else _run({"shm": True})
+    for row in result["steps"]:  # main's blocking finalize waited, closed the writer, dropped the caches
+        assert row["offload_waited"] is True and row["pending_after_offload"] == 0, row
+        assert row["pid_after"] is None and row["shm_after"] == [], row
+    _bookkeeping(result)
+    assert result["stats"]["unchanged"] >= 3, result["stats"]

@@ -1,0 +1,1 @@
+"""Test double of NeMo-RL main `nemo_rl/utils`."""
