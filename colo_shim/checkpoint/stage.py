@@ -13,6 +13,10 @@ reused across saves of the same structure.
 SIGBUS, so each first save of a structure checks that its bytes fit this rank's share of the free
 space (free / LOCAL_WORLD_SIZE, or COLO_SHIM_STAGE_SHM_BYTES); if not, that save goes through CUDA
 IPC as before, with one warning that names the sizes, and the fence waits for it as with inplace.
+
+Reused buffers are guarded by NVRx's shm drain, which close() removes: ensure_drain puts one back
+at every schedule (for every NVRx queue, stage or not). The buffers themselves are page-locked
+while cached (checkpoint/pinning.py), so the staging copy runs at pinned-memory speed.
 """
 
 from __future__ import annotations
@@ -20,9 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import weakref
 
-from colo_shim.checkpoint import state
+from colo_shim.checkpoint import pinning, state
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -30,6 +33,8 @@ SHM_DIR_ENV, SHM_BYTES_ENV = "COLO_SHIM_STAGE_SHM_DIR", "COLO_SHIM_STAGE_SHM_BYT
 _FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 _stats = {"staged_saves": 0, "staged_bytes": 0, "ipc_saves": 0, "shm_budget": None, "refused": ""}
 _warned: set = set()
+_drain_stats = {"drain_installs": 0, "drained": 0}
+_mode = {"ipc": False}  # the last save of this process went through CUDA IPC (refused)
 
 
 def active() -> bool:
@@ -52,6 +57,10 @@ def writer_init(wrapped, instance, args, kwargs):
     kwargs["use_cpu_shm_for_gpu_tensors"] = True
     result = wrapped(*args, **kwargs)
     instance._colo_staged = True
+    try:
+        pinning.install(type(instance))
+    except Exception as exc:
+        log.warning("colo_shim: staged buffers stay unpinned: %s: %s", type(exc).__name__, exc)
     return result
 
 
@@ -102,6 +111,7 @@ def check_room(wrapped, instance, args, kwargs):
             if need > have and need - have > budget:
                 _refuse(instance, need, budget)
             else:
+                _after_ipc()
                 _stats["staged_saves"] += 1
                 _stats["staged_bytes"] = max(_stats["staged_bytes"], need)
     except Exception as exc:
@@ -113,6 +123,7 @@ def _refuse(writer, need: int, budget: int) -> None:
     from colo_shim.checkpoint import release
 
     writer.use_cpu_shm_for_gpu_tensors = False
+    _mode["ipc"] = True
     release.clear_training_caches(keep_shm=False)  # no cache key may mix the two transfer modes
     _stats["ipc_saves"] += 1
     state._totals["stage_fallbacks"] += 1
@@ -122,6 +133,16 @@ def _refuse(writer, need: int, budget: int) -> None:
         log.warning("colo_shim: COLO_SHIM_NVRX_RELEASE=stage: this checkpoint %s for this rank; it is written "
                     "through CUDA IPC instead and the fence waits for it at the next offload. Enlarge /dev/shm "
                     "(docker --shm-size) or set %s.", _stats["refused"], SHM_BYTES_ENV)
+
+
+def _after_ipc() -> None:
+    """A staged save after CUDA IPC ones: forget the keys those sent, or (GPU) this save would send
+    no data under a key whose worker entry holds live CUDA tensors, and the worker would write them."""
+    if _mode["ipc"]:
+        from colo_shim.checkpoint import release
+
+        _mode["ipc"] = False
+        release.clear_training_caches(keep_shm=True)
 
 
 def _size(n: int) -> str:
@@ -135,28 +156,48 @@ def before_schedule(queue, has_cuda: bool) -> None:
     caller = getattr(queue, "persistent_caller", None)
     if caller is None and not has_cuda and not queue.cpu_shm_mode:
         queue.cpu_shm_mode = True
-        _register_drain(queue)
     elif has_cuda and queue.cpu_shm_mode and caller is not None and getattr(caller, "cpu_shm_mode", False):
         log.info("colo_shim: a checkpoint went through CUDA IPC; restarting its writer with CUDA")
         queue.close()
         queue.cpu_shm_mode = False
 
 
-def _register_drain(queue) -> None:
-    """What NVRx's __init__ does in cpu_shm_mode: drain the last write before its shm is reused."""
+def ensure_drain() -> None:
+    """Keep a drain installed for every save that follows: called at each schedule and after a close.
+
+    NVRx's only guard against overwriting shm buffers a write still reads is the drain that
+    AsyncCallsQueue.__init__ installs in cpu_shm_mode; close() (0.6.0 and 0.7.0) removes it and no
+    restart puts it back, so after any close and reuse (terminate-and-resume, NeMo-RL main's refit,
+    the restart release, the CUDA IPC fallback, a dead worker) the third save wrote into the buffers
+    the second was writing. One slot for the process; installed only when it holds something else,
+    so never twice.
+    """
     writer = getattr(sys.modules.get(_FS), "FileSystemWriterAsync", None)
-    register = getattr(writer, "register_shm_drain_callback", None)
-    if register is None:
+    if writer is None or not hasattr(writer, "register_shm_drain_callback"):
         return
-    ref = weakref.ref(queue)
+    if getattr(writer, "_shm_drain_callback", None) is not _drain:
+        writer.register_shm_drain_callback(_drain)
+        _drain_stats["drain_installs"] += 1
 
-    def drain():
-        q = ref()
-        if q is not None:
-            q.maybe_finalize_async_calls(blocking=True, no_dist=True)
 
-    register(drain)
+def after_close(closed) -> None:
+    """A close removed the drain: put it back at once when another queue still has a write pending."""
+    if any(q is not closed and state.pending(q) for q in state.live_queues()):
+        ensure_drain()
+
+
+def _drain() -> None:
+    """Before NVRx overwrites cached shm buffers: finish every pending save, on every queue.
+
+    Unlike NVRx's drain (its own queue only) this covers each live queue, because the buffer cache
+    is one per process; a dead worker raises through the fence's own finish instead of hanging.
+    """
+    from colo_shim.checkpoint import fence
+
+    for queue in state.live_queues():
+        if state.pending(queue):
+            _drain_stats["drained"] += fence._finalize(queue, fence.Wait())
 
 
 def report() -> dict:
-    return {"stage": dict(_stats)} if active() else {}
+    return {"stage": dict(_stats, **_drain_stats, **pinning.report())} if active() else {}
