@@ -6,7 +6,8 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   fence must finish and release that writer), only host data that NVRx or the shim snapshotted
   (then the fence leaves it writing), the cache keys sent with data (what an in-place drop must
   free) and its bytes (named while the fence waits). With COLO_SHIM_NVRX_RELEASE=stage it starts
-  the worker in NVRx's CPU shared-memory mode, so the writer opens no CUDA context.
+  the worker in NVRx's CPU shared-memory mode, so the writer opens no CUDA context. Every schedule
+  (re)installs the shm drain that NVRx's close() removes (checkpoint/stage.py, ensure_drain).
 - AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host
   thread finalizing (NeMo-RL's background checkpoint finalizer) and the fence never race.
 - PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
@@ -14,7 +15,8 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   ever takes our marker for a save, nor loses a save's completion.
 - AsyncCallsQueue.close / PersistentAsyncCaller.close (abort included): no version forgets the
   training-side cache keys on close; the next cached save then sends a key without data, the fresh
-  worker dies on a cache miss and the trainer blocks forever in preload_q.join().
+  worker dies on a cache miss and the trainer blocks forever in preload_q.join(). A close also
+  removes NVRx's shm drain: it is put back while another queue still has a write pending.
 - FileSystemWriterAsync.__init__ / .prepare_local_plan (stage, NVRx >= 0.6): GPU tensors are staged
   into /dev/shm instead of CUDA IPC, when /dev/shm can hold them (checkpoint/stage.py).
 - FileSystemWriterAsync.prepare_write_data (0.6.0 only; 0.7.0 does both itself): a cached save after
@@ -122,8 +124,11 @@ def _schedule(wrapped, instance, args, kwargs):
     try:
         request = args[0] if args else kwargs.get("async_request")
         acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
-        if getattr(instance, "persistent", False):
+        persistent = getattr(instance, "persistent", False)
+        if persistent:
             stage.before_schedule(instance, acc["cuda"])
+        stage.ensure_drain()  # after before_schedule: its fallback to CUDA IPC closes the queue
+        if persistent:
             if acc["cuda"]:
                 state.note_cuda_sent(instance)
             for key in acc["keys"]:
@@ -203,6 +208,7 @@ def _close(wrapped, instance, args, kwargs):
             if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
                 release.clear_training_caches()
                 state.forget_release(instance)
+                stage.after_close(instance)
         except Exception as exc:
             log.debug("colo_shim: cache clear after close failed: %s", exc)
 

@@ -15,6 +15,10 @@ checks them against COLO_SHIM_STAGE_SHM_BYTES, an explicit per-rank budget); if 
 that save goes through CUDA IPC as before, with one warning that names the sizes, and the fence
 waits for it as with inplace. An allocation that still fails mid-save (/dev/shm filled by
 something outside the ledger) falls back the same way instead of raising into the job.
+
+Reused buffers are guarded by NVRx's shm drain, which close() removes: ensure_drain puts one back
+at every schedule (for every NVRx queue, stage or not). The buffers themselves are page-locked
+while cached (checkpoint/pinning.py), so the staging copy runs at pinned-memory speed.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ import contextlib
 import logging
 import os
 import sys
-import weakref
 
-from colo_shim.checkpoint import shm_ledger, state
+from colo_shim.checkpoint import pinning, shm_ledger, state
 
 log = logging.getLogger("colo_shim.nvrx")
 
 SHM_DIR_ENV, SHM_BYTES_ENV = shm_ledger.DIR_ENV, "COLO_SHIM_STAGE_SHM_BYTES"
 _FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 _stats = {"staged_saves": 0, "staged_bytes": 0, "ipc_saves": 0, "shm_budget": None, "refused": ""}
+_drain_stats = {"drain_installs": 0, "drained": 0}
+_mode = {"ipc": False}  # the last save of this process went through CUDA IPC (refused)
 
 
 def active() -> bool:
@@ -54,6 +59,10 @@ def writer_init(wrapped, instance, args, kwargs):
     kwargs["use_cpu_shm_for_gpu_tensors"] = True
     result = wrapped(*args, **kwargs)
     instance._colo_staged = True
+    try:
+        pinning.install(type(instance))
+    except Exception as exc:
+        log.warning("colo_shim: staged buffers stay unpinned: %s: %s", type(exc).__name__, exc)
     return result
 
 
@@ -149,6 +158,7 @@ def check_room(wrapped, instance, args, kwargs):
             if not granted:
                 _refuse(instance, need, room)
             else:
+                _after_ipc()
                 _stats["staged_saves"] += 1
                 _stats["staged_bytes"] = max(_stats["staged_bytes"], need)
                 _guard_allocation(instance, need)
@@ -167,6 +177,7 @@ def _to_ipc(writer) -> None:
     from colo_shim.checkpoint import release
 
     writer.use_cpu_shm_for_gpu_tensors = False
+    _mode["ipc"] = True
     release.clear_training_caches(keep_shm=False)  # no cache key may mix the two transfer modes
     _stats["ipc_saves"] += 1
     state._totals["stage_fallbacks"] += 1
@@ -235,6 +246,16 @@ def _note_allocated(writer, before: set, need: int) -> None:
     shm_ledger.allocated(sum(t.numel() * t.element_size() for t in tensors), keepalive=tensors[0])
 
 
+def _after_ipc() -> None:
+    """A staged save after CUDA IPC ones: forget the keys those sent, or (GPU) this save would send
+    no data under a key whose worker entry holds live CUDA tensors, and the worker would write them."""
+    if _mode["ipc"]:
+        from colo_shim.checkpoint import release
+
+        _mode["ipc"] = False
+        release.clear_training_caches(keep_shm=True)
+
+
 def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
@@ -246,33 +267,53 @@ def before_schedule(queue, has_cuda: bool) -> None:
     caller = getattr(queue, "persistent_caller", None)
     if caller is None and not has_cuda and not queue.cpu_shm_mode:
         queue.cpu_shm_mode = True
-        _register_drain(queue)
     elif has_cuda and queue.cpu_shm_mode and caller is not None and getattr(caller, "cpu_shm_mode", False):
         log.info("colo_shim: a checkpoint went through CUDA IPC; restarting its writer with CUDA")
         queue.close()
         queue.cpu_shm_mode = False
 
 
-def _register_drain(queue) -> None:
-    """What NVRx's __init__ does in cpu_shm_mode: drain the last write before its shm is reused."""
+def ensure_drain() -> None:
+    """Keep a drain installed for every save that follows: called at each schedule and after a close.
+
+    NVRx's only guard against overwriting shm buffers a write still reads is the drain that
+    AsyncCallsQueue.__init__ installs in cpu_shm_mode; close() (0.6.0 and 0.7.0) removes it and no
+    restart puts it back, so after any close and reuse (terminate-and-resume, NeMo-RL main's refit,
+    the restart release, the CUDA IPC fallback, a dead worker) the third save wrote into the buffers
+    the second was writing. One slot for the process; installed only when it holds something else,
+    so never twice.
+    """
     writer = getattr(sys.modules.get(_FS), "FileSystemWriterAsync", None)
-    register = getattr(writer, "register_shm_drain_callback", None)
-    if register is None:
+    if writer is None or not hasattr(writer, "register_shm_drain_callback"):
         return
-    ref = weakref.ref(queue)
+    if getattr(writer, "_shm_drain_callback", None) is not _drain:
+        writer.register_shm_drain_callback(_drain)
+        _drain_stats["drain_installs"] += 1
 
-    def drain():
-        q = ref()
-        if q is not None:
-            q.maybe_finalize_async_calls(blocking=True, no_dist=True)
 
-    register(drain)
+def after_close(closed) -> None:
+    """A close removed the drain: put it back at once when another queue still has a write pending."""
+    if any(q is not closed and state.pending(q) for q in state.live_queues()):
+        ensure_drain()
+
+
+def _drain() -> None:
+    """Before NVRx overwrites cached shm buffers: finish every pending save, on every queue.
+
+    Unlike NVRx's drain (its own queue only) this covers each live queue, because the buffer cache
+    is one per process; a dead worker raises through the fence's own finish instead of hanging.
+    """
+    from colo_shim.checkpoint import fence
+
+    for queue in state.live_queues():
+        if state.pending(queue):
+            _drain_stats["drained"] += fence._finalize(queue, fence.Wait())
 
 
 def report() -> dict:
     if not active():
         return {}
-    out = dict(_stats, local_ranks=shm_ledger.local_ranks())
+    out = dict(_stats, **_drain_stats, **pinning.report(), local_ranks=shm_ledger.local_ranks())
     with contextlib.suppress(Exception):
         out["ledger"] = shm_ledger.snapshot()
     return {"stage": out}
