@@ -29,12 +29,18 @@ import fcntl
 import json
 import logging
 import os
+import time
 import uuid
 import weakref
 
 log = logging.getLogger("colo_shim.nvrx")
 
 DIR_ENV = "COLO_SHIM_STAGE_SHM_DIR"
+WAIT_ENV = "COLO_SHIM_STAGE_LEDGER_WAIT"  # seconds a rank waits for the ledger lock (default 10)
+
+
+class LedgerBusy(OSError):
+    """Another process held the ledger lock past COLO_SHIM_STAGE_LEDGER_WAIT (stopped, or stuck)."""
 _me: dict = {}  # token, pid, fd of the held token file, dir; reset in a forked child
 
 
@@ -91,7 +97,7 @@ def _locked(path: str):
     """The ledger's entries, live ones only, under the node-wide lock; written back on exit."""
     fd = os.open(_ledger_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd)
         raw = b""
         while chunk := os.read(fd, 1 << 16):
             raw += chunk
@@ -108,6 +114,32 @@ def _locked(path: str):
         os.write(fd, data)
     finally:
         os.close(fd)  # drops the flock
+
+
+def _flock(fd: int) -> None:
+    """The lock is held for microseconds; a holder that is stopped (SIGSTOP, a debugger) or stuck
+    must not stall every rank's save or exit, so the wait is bounded and the caller falls back
+    (OSError: per-rank share of the free space, or a release left to the reaper)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    try:
+        limit = float(os.environ.get(WAIT_ENV, "10"))
+    except ValueError:
+        limit = 10.0
+    deadline, delay = time.monotonic() + limit, 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LedgerBusy(errno.EAGAIN, f"the /dev/shm ledger lock was held by another process for "
+                                 f"more than {limit:g}s ({WAIT_ENV})") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 def _pending_of_others(entries: dict, token: str | None) -> int:

@@ -46,6 +46,11 @@ def test_racing_processes_get_exactly_what_fits(tmpfs_ok):
     assert result["granted"] == 2, result  # 2 x 24 MiB fit in 64, a third does not, whoever comes first
 
 
+def test_a_stuck_lock_holder_does_not_stall_a_save(tmpfs_ok):
+    r = _run("ledger_busy", {"mib": 64}).result
+    assert r == {"busy": "LedgerBusy", "after": True}, r
+
+
 def test_allocated_bytes_count_once_and_dead_or_exited_processes_give_theirs_back(tmpfs_ok):
     r = _run("ledger_lifecycle", {"mib": 64}).result
     assert r["a"][1] is True

@@ -86,6 +86,40 @@ def ledger_race(opts):
     return {"granted": sum(1 for _, g, _ in got if g), "rooms": sorted(r for *_, r in got)}
 
 
+def _lock_holder(path, locked, release):
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a rank stopped inside the ledger's critical section
+    locked.set()
+    release.wait()
+    os.close(fd)
+
+
+def ledger_busy(opts):
+    """A ledger lock held past COLO_SHIM_STAGE_LEDGER_WAIT: reserve gives up (LedgerBusy, an OSError
+    that check_room answers with the per-rank share) instead of stalling the save; once the holder
+    lets go, reserving works again."""
+    from colo_shim.checkpoint import shm_ledger
+
+    os.environ[shm_ledger.WAIT_ENV] = "0.2"
+    shm_ledger.reserve(MIB)  # creates the ledger file
+    shm_ledger.release()
+    ctx = multiprocessing.get_context("spawn")
+    locked, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_lock_holder, args=(shm_ledger._ledger_path(shm_ledger.directory()), locked, release))
+    holder.start()
+    locked.wait()
+    try:
+        shm_ledger.reserve(MIB)
+        busy = None
+    except OSError as exc:
+        busy = type(exc).__name__
+    release.set()
+    holder.join()
+    return {"busy": busy, "after": shm_ledger.reserve(MIB)[0]}
+
+
 def ledger_lifecycle(opts):
     """Allocated bytes are counted once; a dead reserver's bytes come back; normal exit releases."""
     from colo_shim.checkpoint import shm_ledger

@@ -1,0 +1,75 @@
+"""The colocated e2e harness (bench/e2e/run.py) on the CPU, so it cannot rot between GPU runs.
+
+Same code path as the H200 runs: the orchestrator starts a fresh driver in its own session, the
+driver runs the site package's grpo_train (NeMo-RL main's module layout), which spawns the trainer
+actor (real megatron-core 0.19.2 GPTModel in megatron DDP, real NVRx 0.7.0 async cached saves,
+gloo) and the engine actor; the refit is the real ZMQ stream into the engine's worker extension.
+Only the generation side is a fake (no vLLM on CPU: E2E_FAKE_ENGINE, bench/e2e/engine.py), and
+megatron's distributed optimizer, which allocates on "cuda" unconditionally, is a torch Adam.
+colo-shim is on (COLO_SHIM=1, stage), so its driver-side vllm family decides every finish from
+the site's frames, as it would in NeMo-RL.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from helpers import PYTHON, REPO, clean_env, deps_dir
+
+STEP_KEYS = {"wake_ok": bool, "held_gib": float, "offloaded_gib": float, "host_peak_gib": float,
+             "pinned_after_finish_gib": float, "level1_backup_gib": float, "discarded": bool,
+             "ckpt_equal": bool, "refit_equal": bool, "step_s": float, "offload_wait_s": float}
+
+
+def _harness(tmp_path, runs: str) -> dict:
+    site = tmp_path / "site"
+    site.mkdir()
+    os.symlink(deps_dir("mcore", "0.19.2"), site / "mcore")
+    os.symlink(deps_dir("nvrx", "0.7.0"), site / "nvrx070")
+    out = tmp_path / "out"
+    cmd = [PYTHON, os.path.join(REPO, "bench", "e2e", "run.py"), "--runs", runs, "--size", "tiny",
+           "--fake-engine", "--site", str(site), "--out", str(out), "--work", str(tmp_path / "work"),
+           "--ckpt-dir", str(tmp_path / "ckpt"), "--val-period", "2", "--per-run-s", "240"]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.load(open(out / "e2e.json"))
+
+
+def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
+    report = _harness(tmp_path, "stage@0.7.0:3")
+    (run,) = report
+    assert "error" not in run, (run.get("error"), run.get("log_tail"))
+    assert {k: run[k] for k in ("name", "nvrx", "shim", "release")} == {
+        "name": "stage@0.7.0", "nvrx": "0.7.0", "shim": True, "release": "stage"}
+    assert "vllm" in run and [s["step"] for s in run["steps"]] == [1, 2, 3]
+    for step in run["steps"]:
+        for key, typ in STEP_KEYS.items():
+            assert isinstance(step[key], typ) or (typ is float and isinstance(step[key], int)), (key, step)
+        assert step["wake_ok"] and step["refit_equal"], step
+        assert step["ckpt_equal"] is True, step.get("ckpt")  # every save read back equal to its step's state
+        assert step["ckpt"]["tensors"] > 0 and step["ckpt"]["mismatched"] == 0
+    assert [len(s["refits"]) for s in run["steps"]] == [1, 2, 1]  # step 2 refits again for validation
+    assert run["steps"][1]["pending_saves_at_offload"] == 1  # step 1's save still in flight at step 2's offload
+    # colo-shim's driver decided each finish from the site's frames as it would in NeMo-RL
+    recent = run["driver_shim"]["VllmGeneration.finish_generation"]["details"]["recent"]
+    assert [d["loop"] for d in recent] == ["setup", "grpo", "grpo", "", "grpo"]
+    assert [d["level"] for d in recent] == [2, 2, 2, 1, 2]
+    assert "after validate()" in recent[3]["reason"]
+    from bench.e2e import report as rep
+
+    table = rep.markdown(report)
+    assert "| stage@0.7.0 | 3 | 0 |" in table and "3/3" in table
+
+
+def test_main_layout_worker_reaches_the_main_async_patch(tmp_path):
+    """main3322_stage: the site's MegatronPolicyWorkerImpl has NeMo-RL main's finalize_async_save,
+    called first in both offloads; colo-shim's main-async patch wraps it, and the checkpoints that
+    main's own finalize path completes still equal their steps."""
+    (run,) = _harness(tmp_path, "main3322_stage@0.7.0:2")
+    assert "error" not in run, (run.get("error"), run.get("log_tail"))
+    assert run["worker"] == "main" and run["release"] == "stage"
+    assert [s["ckpt_equal"] for s in run["steps"]] == [True, True]
+    calls = run["trainer_shim"]["MegatronPolicyWorkerImpl.finalize_async_save"]
+    assert calls["status"] == "applied" and calls["calls"] == 6  # three refits (step 2 also validates), two offloads each
