@@ -1,0 +1,239 @@
+"""Per-step records of the e2e harness (issue 17's schema), the host-memory monitor, and the actor
+handles that report each finished call to the recorder. Everything here is measurement: the loop
+itself is the site package's grpo_train.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+GIB = float(1 << 30)
+
+
+class Timer:
+    """NeMo-RL's Timer in miniature: `with timer.time(name)` sums seconds per name for the step."""
+
+    def __init__(self):
+        self.times = {}
+
+    @contextmanager
+    def time(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = round(self.times.get(name, 0.0) + time.perf_counter() - t0, 3)
+
+
+class Monitor(threading.Thread):
+    """Peak host memory of the job: RSS of every process under the driver (trainer, engine, NVRx
+    writer; not the checkpoint verifier, an instrument) plus /dev/shm in use, sampled every 0.2 s."""
+
+    def __init__(self, exclude):
+        super().__init__(daemon=True)
+        self.exclude, self.peak_rss, self.peak_shm, self.stop = exclude, 0, 0, False
+
+    def run(self):
+        while not self.stop:
+            try:
+                self.peak_rss = max(self.peak_rss, _tree_rss(os.getpid(), self.exclude()))
+                self.peak_shm = max(self.peak_shm, _shm_used())
+            except Exception:
+                pass
+            time.sleep(0.2)
+
+    def take(self):
+        out = (self.peak_rss, self.peak_shm)
+        self.peak_rss = self.peak_shm = 0
+        return out
+
+
+def _tree_rss(root: int, exclude) -> int:
+    """RSS of `root` and its descendants, leaving out the subtrees of `exclude` (bench instruments)."""
+    import psutil
+
+    total, todo = 0, [psutil.Process(root)]
+    while todo:
+        proc = todo.pop()
+        if proc.pid in exclude:
+            continue
+        try:
+            total += proc.memory_info().rss
+            todo.extend(proc.children())
+        except psutil.Error:
+            continue
+    return total
+
+
+def _shm_used() -> int:
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class Recorder:
+    """The per-step records (issue 17's schema) and the progress file a crashed run leaves behind."""
+
+    def __init__(self, run, progress):
+        self.run, self.progress, self.step, self.instrument_s = run, progress, None, 0.0
+        self.trainer = self.engine = None
+        self.fence0 = self.fin0 = 0.0
+
+    def write(self):
+        with open(self.progress + ".tmp", "w") as f:
+            json.dump(self.run, f, default=str)
+        os.replace(self.progress + ".tmp", self.progress)
+
+    @contextmanager
+    def instrument(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.instrument_s += time.perf_counter() - t0
+
+    def trainer_probe(self):
+        with self.instrument():
+            return self.trainer.call("report", "probe")
+
+    def begin(self, n, timer):
+        self.monitor.take()
+        self.timer, self.t0, self.instrument_s = timer, time.perf_counter(), 0.0
+        timer.times.clear()
+        p = self.trainer_probe()
+        self.fence0, self.fin0 = p["fence"].get("fence_s", 0.0), p["finalize_in_offload_s"]
+        self.step = {"step": n, "wake_ok": None, "held_gib": None, "offloaded_gib": None, "host_peak_gib": None,
+                     "pinned_after_finish_gib": None, "level1_backup_gib": self.run.get("level1_backup_gib"),
+                     "discarded": None, "ckpt_equal": None, "refit_equal": None, "step_s": None,
+                     "offload_wait_s": None, "wakes": [], "refits": []}
+        self.run["steps"].append(self.step)
+        self.write()
+
+    # ---- hooks on actor calls (bench-side proxies, see Instrumented)
+    def after_call(self, actor, method, result, kwargs):
+        if self.step is None:
+            return
+        if actor == "trainer" and method == "offload_after_refit":
+            p = self.trainer_probe()
+            with self.instrument():
+                state = self.trainer.call("report", "state_bytes")
+            self.step.setdefault("held_all_gib", []).append(round(p["reserved"] / GIB, 3))
+            if self.step["held_gib"] is None:  # the step's first offload: the one a save may be in flight at
+                self.step["held_gib"] = round(p["reserved"] / GIB, 3)
+                self.step["offloaded_gib"] = round(state / GIB, 3)
+                self.step["free_after_offload_gib"] = round(p["free"] / GIB, 3)
+                self.step["trainer_pinned_gib"] = round(p["pinned"] / GIB, 3)
+                self.step["pending_saves_at_offload"] = p["pending_saves"]
+            self.run.setdefault("free_after_offload_gib", []).append(self.step["free_after_offload_gib"])
+        if actor == "engine" and method == "wake_up" and not _control(kwargs.get("tags")):
+            with self.instrument():
+                w = self.engine.call("report", "wake_record")
+            rec = {"tags": w["tags"], "ok": w["ok"], "free_gib": round(w["free_before"] / GIB, 3),
+                   "requested_gib": round(w["requested"] / GIB, 3), "s": w["s"]}
+            if not w["ok"]:
+                rec["error"] = w["error"]
+            self.step["wakes"].append(rec)
+            if w["tags"] is None or "kv_cache" in w["tags"]:
+                self.step["wake_ok"] = w["ok"] if self.step["wake_ok"] is not False else False
+                self.step.update(wake_free_gib=rec["free_gib"], wake_requested_gib=rec["requested_gib"])
+                if not w["ok"]:
+                    self.step["wake_error"] = w["error"]
+            if w["ok"] and w["tags"] is None and getattr(self, "_sent", None):
+                self.refit_done("wake")  # no refit this step: the kept (level-1) weights must be the last sent
+            self.write()
+        if actor == "engine" and method == "update_weights_via_ipc_zmq":
+            self.refit_done()
+
+    def stream_result(self, result):
+        self._sent = result
+
+    def refit_done(self, kind="refit"):
+        with self.instrument():
+            held = self.engine.call("report", "digest")
+        sent = self._sent["digests"]
+        got = held["digests"]
+        worst = 0.0
+        for name, (s, q) in sent.items():
+            g = got.get(name)
+            if g is None:
+                worst = float("inf")
+                break
+            worst = max(worst, abs(g[0] - s) / max(1.0, abs(s)), abs(g[1] - q) / max(1.0, abs(q)))
+        equal = worst <= 1e-9 and not held["uncovered"] and set(got) == set(sent)
+        self.step["refits"].append({"kind": kind, "equal": equal, "max_rel_diff": worst, "uncovered": held["uncovered"][:5],
+                                    "tensors": len(sent), "buffers": self._sent["buffers"],
+                                    "stream_s": self._sent["stream_s"]})
+        self.step["refit_equal"] = all(r["equal"] for r in self.step["refits"])
+
+    def after_finish(self, kind):
+        with self.instrument():
+            s = self.engine.call("report", "last_sleep")
+        key = "" if kind == "rollout" else "val_"
+        self.step[key + "pinned_after_finish_gib"] = round(s["pinned"] / GIB, 3)
+        self.step[key + "sleep_level"] = s["level"]
+        if kind == "rollout":
+            self.step["discarded"] = s["level"] >= 2
+
+    def save_scheduled(self, step, saved):
+        self.step.update(save_schedule_s=saved["schedule_s"], save_finalize_prev_s=saved["finalize_prev_s"],
+                         save_async=saved["async"])
+
+    def ckpt_result(self, step, res):
+        for rec in self.run["steps"]:
+            if rec["step"] == step:
+                rec["ckpt_equal"] = bool(res.get("equal"))
+                rec["ckpt"] = res
+        self.write()
+
+    def log_metrics(self, metrics, step):
+        p = self.trainer_probe()
+        rss, shm = self.monitor.take()
+        wall = time.perf_counter() - self.t0
+        self.step.update(
+            host_peak_gib=round(rss / GIB, 3), shm_peak_gib=round(shm / GIB, 3),
+            step_s=round(wall - self.instrument_s, 3), instrument_s=round(self.instrument_s, 3),
+            offload_wait_s=round(p["fence"].get("fence_s", 0.0) - self.fence0 + p["finalize_in_offload_s"] - self.fin0, 3),
+            times=dict(self.timer.times), ids_digest=metrics.get("ids_digest"),
+            mean_reward=metrics.get("mean_reward"), loss=metrics.get("loss"))
+        self.write()
+        print(f"[e2e] step {step}: {json.dumps({k: v for k, v in self.step.items() if k not in ('times', 'refits', 'wakes', 'ckpt')}, default=str)}",
+              flush=True)
+
+
+def _control(tags) -> bool:
+    return bool(tags) and all(str(t).startswith("colo_shim:") for t in tags)
+
+
+class Instrumented:
+    """The actor handle the site's Policy / VllmGeneration hold; reports finished calls to the Recorder."""
+
+    def __init__(self, remote, actor, rec):
+        self.remote, self.actor, self.rec = remote, actor, rec
+
+    def call(self, name, *args, **kwargs):
+        out = None
+        try:
+            out = self.remote.call(name, *args, **kwargs)
+            return out
+        finally:  # a failed call too: a wake-up that ran out of memory is the record that matters
+            self.rec.after_call(self.actor, name, out, kwargs)
+
+    def submit(self, name, *args, **kwargs):
+        fut = self.remote.submit(name, *args, **kwargs)
+        inst = self
+
+        class Wrapped:
+            def get(self_inner):
+                out = fut.get()
+                if name == "stream_weights_via_ipc_zmq":
+                    inst.rec.stream_result(out)
+                else:
+                    inst.rec.after_call(inst.actor, name, out, kwargs)
+                return out
+        return Wrapped()
+
+    def close(self):
+        self.remote.close()

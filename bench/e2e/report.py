@@ -1,0 +1,159 @@
+"""Tables from the e2e harness's JSON (bench/e2e/results/e2e_h200.json).
+
+    python bench/e2e/report.py [--markdown] [FILE]
+
+One row per run: steps finished, wake-ups OOM, what the writer held after the offload (max over
+steps, and as a share of the offloaded state), host peak, pinned host memory after rollout
+finishes vs the level-1 backup, checkpoints and refits equal, median step time and offload wait
+(steps with a save in flight), save scheduling (first save, then median of the others), and
+whether the generated ids match the no-shim/first run's at each common step (same weights in,
+same ids out: a cross-run reference).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "e2e_h200.json")
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 2) if xs else None
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def runs_of(report) -> list:
+    """The results file is a list of runs (issue 17's schema); older call files were {"meta", "runs"}."""
+    return report if isinstance(report, list) else report["runs"]
+
+
+def rows(report: dict) -> list[dict]:
+    runs = [r for r in runs_of(report) if "skipped" not in r]
+    ref = {}
+    for r in runs:  # reference ids per step: the first run that has them
+        for s in r["steps"]:
+            if s.get("ids_digest") and s["step"] not in ref:
+                ref[s["step"]] = (r["name"], s["ids_digest"])
+    out = []
+    for r in runs:
+        steps = r["steps"]
+        done = [s for s in steps if s.get("step_s") is not None]
+        held = [s["held_gib"] for s in steps if s.get("held_gib") is not None]
+        off = [s["offloaded_gib"] for s in steps if s.get("offloaded_gib")]
+        # steps whose refit offload met the previous step's save: every step after the first (the
+        # previous step saved last), async or not; shim fences finalize it, so pending counts lie
+        inflight = [s for s in done if s["step"] >= 2]
+        ck = [s["ckpt_equal"] for s in steps if s.get("ckpt_equal") is not None]
+        rf = [s["refit_equal"] for s in steps if s.get("refit_equal") is not None]
+        sched = [s.get("save_schedule_s") for s in steps if s.get("save_schedule_s") is not None]
+        pinned = [s["pinned_after_finish_gib"] for s in steps if s.get("pinned_after_finish_gib") is not None]
+        discarded = [s for s in steps if s.get("discarded")]
+        ids = [s for s in steps if s.get("ids_digest") and s["step"] in ref]
+        same = [s["ids_digest"] == ref[s["step"]][1] for s in ids]
+        oom = [s for s in steps if s.get("wake_ok") is False]
+        share = round(100 * max(held) / max(off), 1) if held and off else None
+        out.append({
+            "run": r["name"], "shim": r.get("shim"), "release": r.get("release"), "vllm": r.get("vllm"),
+            "steps": len(done), "oom": len(oom),
+            "oom_detail": (f"step {oom[0]['step']} wake_up: {oom[0].get('wake_error', '?')[:80]} "
+                           f"(free {oom[0].get('wake_free_gib')} GiB < asked {oom[0].get('wake_requested_gib')} GiB)"
+                           if oom else None),
+            "held_gib": max(held) if held else None, "held_pct": share, "offloaded_gib": max(off) if off else None,
+            "host_peak_gib": max((s["host_peak_gib"] for s in done if s.get("host_peak_gib") is not None), default=None),
+            "pinned_after_finish_gib": max(pinned) if pinned else None, "level1_backup_gib": r.get("level1_backup_gib"),
+            "discarded": f"{len(discarded)}/{len(pinned)}",
+            "ckpt_equal": f"{sum(ck)}/{len(ck)}" if ck else "-", "refit_equal": f"{sum(rf)}/{len(rf)}" if rf else "-",
+            "ids_match_ref": f"{sum(same)}/{len(same)}" if same else "-",
+            "step_s": _med([s["step_s"] for s in done]),
+            "step_inflight_s": _med([s["step_s"] for s in inflight]),
+            "offload_wait_s": _med([s.get("offload_wait_s") for s in inflight]),
+            "save_first_s": sched[0] if sched else None, "save_steady_s": _med(sched[1:]),
+            "kv_cache_gib": r.get("kv_cache_gib"),
+            "error": _short(r.get("error")),
+        })
+    return out
+
+
+def _short(error):
+    if not error:
+        return None
+    text = str(error)
+    if "engine not awake" in text:
+        return "the run ended at the next generate (the engine could not wake)"
+    if text.startswith("EOFError"):
+        return "an actor process died without a Python error (EOFError on the driver's pipe)"
+    return (text.strip().splitlines() or [""])[0][:140]
+
+
+COLS = [("run", "run"), ("steps", "steps"), ("oom", "wake OOM"), ("held_gib", "held GiB"), ("held_pct", "held % of offloaded"),
+        ("offloaded_gib", "offloaded GiB"), ("host_peak_gib", "host peak GiB"),
+        ("pinned_after_finish_gib", "pinned after finish GiB"), ("level1_backup_gib", "level-1 backup GiB"),
+        ("discarded", "finishes discarded"), ("ckpt_equal", "ckpt equal"), ("refit_equal", "refit equal"),
+        ("ids_match_ref", "ids = ref"), ("step_s", "step s (median)"), ("step_inflight_s", "step s, steps >= 2"),
+        ("offload_wait_s", "offload wait s, steps >= 2"), ("save_first_s", "save sched. first s"),
+        ("save_steady_s", "save sched. steady s"), ("kv_cache_gib", "KV GiB")]
+
+
+def markdown(report: dict) -> str:
+    lines = ["| " + " | ".join(h for _, h in COLS) + " |", "|" + "---|" * len(COLS)]
+    notes = []
+    for row in rows(report):
+        lines.append("| " + " | ".join(_fmt(row[k]) for k, _ in COLS) + " |")
+        if row["oom_detail"] or row["error"]:
+            notes.append(f"- {row['run']}: " + "; ".join(x for x in (row["oom_detail"], row["error"]) if x))
+    skipped = [r for r in runs_of(report) if "skipped" in r]
+    notes += [f"- {r['name']}: not run ({r['skipped']})" for r in skipped]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+SPLIT = ("offload_before_refit", "weight_transfer", "offload_after_refit", "wake_kv_cache", "generation",
+         "finish_generation", "logprobs", "train", "validation", "save_checkpoint")
+
+
+def split_markdown(report: dict) -> str:
+    """Median seconds per phase over steps >= 2 (a save of the previous step exists), per run.
+    save_checkpoint includes waiting for the verifier before a third checkpoint may be written;
+    step_s excludes it (instrument_s)."""
+    lines = ["Median seconds per phase and step over steps >= 2, summed over the step's refits (a validation "
+             "step refits twice); save_checkpoint includes waiting for the verifier, which step_s leaves out "
+             "(instrument s).", "",
+             "| run | " + " | ".join(SPLIT) + " | instrument s |", "|" + "---|" * (len(SPLIT) + 2)]
+    for r in runs_of(report):
+        steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("times")]
+        if not steps:
+            continue
+        cells = [_fmt(_med([s["times"].get(k) for s in steps])) for k in SPLIT]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + f" | {_fmt(_med([s.get('instrument_s') for s in steps]))} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    md = "--markdown" in argv
+    paths = [a for a in argv if not a.startswith("--")] or [DEFAULT]
+    report = json.load(open(paths[0]))
+    if md:
+        print(markdown(report))
+        print()
+        print(split_markdown(report))
+    else:
+        for row in rows(report):
+            print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

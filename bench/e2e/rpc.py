@@ -1,0 +1,89 @@
+"""The driver's RPC to its two GPU processes, as Ray actors give NeMo-RL's driver.
+
+One spawned process per actor (the trainer, the vLLM engine), each serving one object over a
+multiprocessing pipe, one call at a time, in order (a default Ray actor's concurrency). `submit`
+returns a future so the driver can start the trainer's weight stream and the engine's receive at
+once, as `refit_policy_generation` does with two `.remote()` calls and `ray.get`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import traceback
+
+
+class RemoteError(RuntimeError):
+    """An exception raised inside the actor; the message carries its traceback."""
+
+
+class Future:
+    def __init__(self, remote, name):
+        self.remote, self.name, self.done, self.value = remote, name, False, None
+
+    def get(self):
+        if not self.done:
+            status, value = self.remote.conn.recv()
+            self.remote.pending = None
+            self.done, self.value = True, (status, value)
+        status, value = self.value
+        if status != "ok":
+            raise RemoteError(f"{self.remote.label}.{self.name}: {value}")
+        return value
+
+
+class Remote:
+    def __init__(self, conn, proc, label):
+        self.conn, self.proc, self.label, self.pending = conn, proc, label, None
+
+    def submit(self, name, *args, **kwargs) -> Future:
+        if self.pending is not None:  # one call in flight per actor, as Ray's ordered queue
+            self.pending.get()
+        self.conn.send((name, args, kwargs))
+        self.pending = Future(self, name)
+        return self.pending
+
+    def call(self, name, *args, **kwargs):
+        return self.submit(name, *args, **kwargs).get()
+
+    def close(self, timeout=30):
+        try:
+            if self.pending is not None:
+                self.pending.get()
+            self.conn.send(("__exit__", (), {}))
+            self.conn.recv()
+        except Exception:
+            pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def _serve(conn, factory: str, kwargs: dict) -> None:
+    module, _, name = factory.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), name)(**kwargs)
+        conn.send(("ok", None))
+    except BaseException:  # noqa: BLE001 - the driver reports it
+        conn.send(("err", traceback.format_exc()[-4000:]))
+        return
+    while True:
+        name, args, kw = conn.recv()
+        if name == "__exit__":
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(obj, name)(*args, **kw)))
+        except BaseException:  # noqa: BLE001
+            conn.send(("err", traceback.format_exc()[-4000:]))
+
+
+def spawn(factory: str, label: str, **kwargs) -> Remote:
+    """Start `module:Callable(**kwargs)` in a fresh spawned interpreter (the actor's own CUDA context)."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, factory, kwargs), name=label, daemon=False)
+    proc.start()
+    remote = Remote(parent, proc, label)
+    Future(remote, "__init__").get()
+    return remote

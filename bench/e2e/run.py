@@ -1,0 +1,243 @@
+"""Colocated GRPO on one GPU, end to end: a megatron-core trainer and a vLLM engine time-share it.
+
+    python bench/e2e/run.py --runs stage@0.7.0:10,noshim@0.7.0:3 --site DIR --out DIR [--size full]
+    python bench/e2e/run.py --merge A.json B.json ... --out bench/e2e/results/e2e_h200.json
+
+Each run is a fresh driver process in its own session (killed with everything it started: the
+trainer, the engine, NVRx's writer): the driver runs the site package's `grpo_train`
+(bench/e2e/site/nemo_rl, NeMo-RL main's module layout) and spawns the two actors (rpc.py). Modes:
+
+  noshim          no colo-shim, NVRx async cached saves left in flight (NeMo-RL main's loop)
+  shim            COLO_SHIM=1 (default release: the offload's fence waits for the write, then frees)
+  stage           COLO_SHIM=1 COLO_SHIM_NVRX_RELEASE=stage (the write reads /dev/shm, no fence wait)
+  stage_nopin     stage with COLO_SHIM_STAGE_PIN=0 (staged buffers not cudaHostRegister'ed)
+  sync_save       workaround: synchronous saves, no shim (NeMo-RL v0.3-v0.7's async_save=False)
+  main3322        workaround: NeMo-RL main's worker (PR #3322 blocking finalize at offload), no shim
+  main3322_stage  main's worker with COLO_SHIM=1 and stage (issue 16 item 4)
+
+Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
+memory right after offload_after_refit in the last shim/stage run of this invocation (or
+--kv-free-gib), margin --kv-margin-gib (3): a job tuned to the GPU with the shim fits, without it
+the writer's memory must be free at wake-up and is not. A run spec `mode@nvrx:steps:kvdelta=-16`
+shrinks the KV cache of that run (to see what a no-shim job that fits writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SITE = os.path.join(HERE, "site")
+GIB = float(1 << 30)
+sys.path[:0] = [p for p in (REPO, SITE) if p not in sys.path]
+from bench.e2e.driver import MODES, SIZES  # noqa: E402
+
+
+def _site_path(args, nvrx: str) -> list:
+    parts = [REPO, SITE]
+    if args.site:
+        parts += [os.path.join(args.site, "mcore"), os.path.join(args.site, "nvrx" + nvrx.replace(".", ""))]
+    return parts
+
+
+def _parse(spec: str):
+    mode, _, rest = spec.partition("@")
+    nvrx, _, rest = rest.partition(":")
+    steps, _, opt = rest.partition(":")
+    kvdelta = float(opt.split("=", 1)[1]) if opt.startswith("kvdelta=") else 0.0
+    return mode, nvrx or "0.7.0", int(steps or 4), kvdelta
+
+
+def orchestrate(args) -> int:
+    results, measured_free = [], list(args.kv_free_gib or [])
+    start = time.monotonic()
+    os.makedirs(args.out, exist_ok=True)
+    for spec in args.runs.split(","):
+        mode, nvrx, steps, kvdelta = _parse(spec)
+        name = f"{mode}@{nvrx}" + (f" kv{kvdelta:+g}" if kvdelta else "")
+        left = args.budget_s - (time.monotonic() - start)
+        if left < 45:
+            results.append({"name": name, "mode": mode, "nvrx": nvrx, "skipped": f"budget: {left:.0f}s left", "steps": []})
+            continue
+        kv, rule = None, None
+        if not args.fake_engine:
+            if args.kv == "auto":
+                free = measured_free[-1] if measured_free else args.kv_default_gib + args.kv_margin_gib
+                kv = int((free - args.kv_margin_gib + kvdelta) * GIB)
+                rule = (f"F - {args.kv_margin_gib:g} GiB{kvdelta:+g} GiB, F = {free:.2f} GiB free after offload_after_refit "
+                        + ("in a shim run" if measured_free else "(default, not measured yet)"))
+            else:
+                kv, rule = int(float(args.kv) * GIB), "fixed"
+        shim, release, layout, _, extra = MODES[mode]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM")}
+        paths = ([os.path.join(REPO, "colo_shim", "bootstrap")] if shim else []) + _site_path(args, nvrx)
+        env.update(PYTHONPATH=os.pathsep.join(paths + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+                   PYTHONUNBUFFERED="1", E2E_WORKER=layout, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                   VLLM_ALLOW_INSECURE_SERIALIZATION="1", NCCL_NVLS_ENABLE="0", **extra)
+        if args.fake_engine:
+            env["E2E_FAKE_ENGINE"] = "1"
+        if shim:
+            env["COLO_SHIM"] = "1"
+            if release:
+                env["COLO_SHIM_NVRX_RELEASE"] = release
+        progress = os.path.join(args.out, f"progress-{mode}-{nvrx}{'-kv' if kvdelta else ''}.json")
+        work = os.path.join(args.work, f"{mode}-{nvrx}")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        for p in (progress,):
+            if os.path.exists(p):
+                os.remove(p)
+        cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--mode", mode, "--name", name, "--nvrx", nvrx,
+               "--steps", str(steps), "--size", args.size, "--val-period", str(args.val_period), "--progress", progress,
+               "--work", work, "--ckpt-dir", args.ckpt_dir, "--kv-bytes", str(kv or 0), "--kv-rule", str(rule)]
+        shm_before = set(os.listdir("/dev/shm"))
+        t0 = time.monotonic()
+        log = open(os.path.join(args.out, f"log-{mode}-{nvrx}.txt"), "w")
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=min(args.per_run_s, left))
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # trainer, engine, NVRx writer, verifier: all of the session
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+        # A driver killed at its limit cannot remove its checkpoints, nor NVRx/colo-shim its staged
+        # buffers: whatever this run left in /dev/shm would fill the next run's host memory.
+        # Its checkpoints always go; other new /dev/shm entries (NVRx / colo-shim staging) only with
+        # --clean-shm, on a machine this harness has to itself (the GPU lease), never on a shared one.
+        shutil.rmtree(os.path.join(args.ckpt_dir, f"e2e_{proc.pid}"), ignore_errors=True)
+        left = sorted(set(os.listdir("/dev/shm")) - shm_before)
+        for entry in left if args.clean_shm else ():
+            path = os.path.join("/dev/shm", entry)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
+        row = json.load(open(progress)) if os.path.exists(progress) else {"name": name, "mode": mode, "nvrx": nvrx,
+                                                                            "steps": []}
+        if rc == "timeout" and "error" not in row:
+            row["error"] = f"run limit {min(args.per_run_s, left):.0f}s reached after {len(row['steps'])} steps"
+        elif rc != 0 and "error" not in row:
+            row["error"] = f"driver exit {rc}; see log"
+        row["wall_s"] = round(time.monotonic() - t0, 1)
+        row["shm_left_behind"] = len(left)
+        row["log_tail"] = open(os.path.join(args.out, f"log-{mode}-{nvrx}.txt")).read()[-1500:] if row.get("error") else None
+        if shim and row.get("free_after_offload_gib"):
+            measured_free.append(min(row["free_after_offload_gib"]))
+        results.append(row)
+        print(f"[e2e] {name}: {len(row['steps'])} steps, {row['wall_s']}s, error={str(row.get('error'))[:300]}", flush=True)
+    meta = _meta(args)
+    report = [dict(row, meta=meta) for row in results]
+    with open(os.path.join(args.out, "e2e.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    from bench.e2e import report as rep
+
+    print(rep.markdown(report))
+    return 0
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _meta(args) -> dict:
+    out = {"size": args.size, "sizes": SIZES[args.size], "val_period": args.val_period, "kv_margin_gib": args.kv_margin_gib}
+    try:
+        import torch
+
+        out.update(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    except Exception:
+        pass
+    return out
+
+
+def _fill_failed_wake(row) -> None:
+    """Runs recorded before the recorder also hooked failed calls lack the failing step's wake record;
+    the engine's own record of it is in the run's error (RuntimeError: engine not awake: ... {...})."""
+    import ast
+    import re
+
+    step = row["steps"][-1] if row.get("steps") else None
+    match = re.search(r"the last wake_up failed \((\{'tags'.*?\})\)", str(row.get("error", "")))
+    if step is None or step.get("wake_ok") is not None or match is None:
+        return
+    w = ast.literal_eval(match.group(1))
+    step.update(wake_ok=False, wake_free_gib=round(w["free_before"] / GIB, 3), wake_error=w["error"],
+                wake_requested_gib=round(w["requested"] / GIB, 3), wake_filled_from="error")
+    step["wakes"].append({"tags": w["tags"], "ok": False, "free_gib": step["wake_free_gib"],
+                          "requested_gib": step["wake_requested_gib"], "s": w["s"], "error": w["error"]})
+
+
+def merge(paths, out) -> int:
+    """One results file from several device calls; later files win per run name."""
+    runs = {}
+    for path in paths:
+        part = json.load(open(path))
+        from bench.e2e import report as rep
+
+        for row in rep.runs_of(part):
+            row.setdefault("meta", part.get("meta", {}) if isinstance(part, dict) else {})
+            if "skipped" not in row:
+                _fill_failed_wake(row)
+                runs[row["name"]] = dict(row, source=os.path.relpath(path, REPO) if path.startswith(REPO) else path)
+    order = {m: i for i, m in enumerate(("noshim", "shim", "stage", "stage_nopin", "sync_save", "main3322", "main3322_stage"))}
+    rows = sorted(runs.values(), key=lambda r: (r.get("nvrx") != "0.7.0", order.get(r.get("mode"), 99), r["name"]))
+    report = rows
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    from bench.e2e import report as rep
+
+    print(rep.markdown(report))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--driver", action="store_true")
+    ap.add_argument("--mode", default="stage")
+    ap.add_argument("--name", default="")
+    ap.add_argument("--nvrx", default="0.7.0")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--runs", default="stage@0.7.0:2")
+    ap.add_argument("--size", default="full", choices=sorted(SIZES))
+    ap.add_argument("--val-period", type=int, default=3)
+    ap.add_argument("--site", default=None, help="DIR with mcore/, nvrx060/, nvrx070/ (--target installs)")
+    ap.add_argument("--out", default="/tmp/colo_e2e_out")
+    ap.add_argument("--work", default="/tmp/colo_e2e")
+    ap.add_argument("--ckpt-dir", default="/dev/shm")
+    ap.add_argument("--progress", default=None)
+    ap.add_argument("--kv", default="auto")
+    ap.add_argument("--kv-bytes", type=int, default=0)
+    ap.add_argument("--kv-rule", default=None)
+    ap.add_argument("--kv-free-gib", type=float, action="append", default=None)
+    ap.add_argument("--kv-default-gib", type=float, default=100.0)
+    ap.add_argument("--kv-margin-gib", type=float, default=3.0)
+    ap.add_argument("--fake-engine", action="store_true")
+    ap.add_argument("--clean-shm", action="store_true", help="remove what each run left in /dev/shm")
+    ap.add_argument("--per-run-s", type=float, default=420)
+    ap.add_argument("--budget-s", type=float, default=560)
+    ap.add_argument("--merge", nargs="+", default=None)
+    args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
+    if args.driver:
+        from bench.e2e.driver import driver
+
+        return driver(args)
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

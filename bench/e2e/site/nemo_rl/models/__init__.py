@@ -1,0 +1,1 @@
+"""See nemo_rl/__init__.py."""

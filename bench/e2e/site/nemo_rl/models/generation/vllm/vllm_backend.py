@@ -1,0 +1,25 @@
+"""nemo_rl/models/generation/vllm/vllm_backend.py: `VllmInternalWorkerExtension` (worker_extension_cls).
+
+The colocated refit as NeMo-RL v0.5+ receives it: a ZMQ REP socket connected to the trainer's;
+per message a CUDA IPC handle of a packed uint8 buffer (rebuilt on this process's device), the
+names, shapes and offsets of the tensors in it; views are sliced and handed to
+`model_runner.model.load_weights`, then synchronize and ACK; on "COMPLETE",
+`process_weights_after_loading` and empty_cache. The method name starts with `update_weights`, so
+colo-shim learns refit coverage from it.
+"""
+
+from __future__ import annotations
+
+from bench.e2e import engine as probes
+
+
+class VllmInternalWorkerExtension:
+    def prepare_refit_info(self, state_dict_info: dict) -> None:
+        self.state_dict_info = state_dict_info
+
+    def update_weights_via_ipc_zmq(self, address: str) -> bool:
+        return probes.receive_weights(self, address)
+
+    def e2e_weights_digest(self) -> dict:
+        """Measurement only: per-HF-name digests of the weights this engine holds now."""
+        return probes.weights_digest(self.model_runner.model, self.state_dict_info)

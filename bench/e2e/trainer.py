@@ -1,0 +1,369 @@
+"""The trainer actor's megatron-core and NVRx work (called by the site's MegatronPolicyWorkerImpl).
+
+GPU: one rank of NCCL, GPTModel in Llama shape (bench/e2e/convert.py's config: RMSNorm, SwiGLU,
+RoPE, GQA, untied output), bf16, megatron DDP (grad_reduce_in_fp32) + megatron's distributed Adam;
+the optimizer moves with megatron's own `offload_to_cpu()` / `restore_from_cpu()`.
+CPU (the CI smoke): gloo; megatron's optimizers allocate on "cuda" unconditionally and DDP's grad
+sync asks for CUDA streams, so there the model is in megatron DDP without the distributed optimizer,
+a torch Adam steps the params from DDP's main_grad, and the NVRx queue is its CPU shared-memory
+worker. Everything else (model, checkpoint content, NVRx path, refit packing) is the same code.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+import torch
+
+GIB = float(1 << 30)
+ALIGN = 512  # NeMo-RL packs tensors at 512-byte alignment
+
+
+def cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def empty_cache():
+    if cuda():
+        torch.cuda.empty_cache()
+
+
+def free_bytes() -> int:
+    return torch.cuda.mem_get_info()[0] if cuda() else 8 << 30
+
+
+def _init_dist():
+    import torch.distributed as dist
+
+    from colo_shim.cli.saver import init_single_rank
+
+    if cuda():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1)
+        dist.all_reduce(torch.ones(1, device="cuda"))  # NCCL's buffers belong to the baseline
+        torch.cuda.synchronize()
+    else:
+        init_single_rank()
+        torch.cuda.current_device = lambda: torch.device("cpu")  # megatron places buffers there
+
+
+def build(config: dict) -> SimpleNamespace:
+    _init_dist()
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from bench.e2e import convert
+
+    parallel_state.initialize_model_parallel(1, 1)
+    m = config["model"]
+    gpu = cuda()
+    if gpu:
+        tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    else:
+        mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    torch.manual_seed(1234)
+    alloc0 = torch.cuda.memory_allocated() if gpu else 0
+    dtype = torch.bfloat16 if gpu else torch.float32
+    extra = dict(bf16=gpu, params_dtype=dtype, use_cpu_initialization=not gpu, masked_softmax_fusion=False,
+                 bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+                 gradient_accumulation_fusion=False, persist_layer_norm=False)
+    if gpu:
+        extra["pipeline_dtype"] = dtype
+    cfg = TransformerConfig(**convert.megatron_llama_config(**m["sizes"], **extra))
+    model = GPTModel(config=cfg, **convert.gpt_model_kwargs(m["vocab"], m["max_seq"]))
+    if gpu:
+        # torch's RMSNorm (local spec without apex/TE) is built in fp32: with the distributed
+        # optimizer such params would be views of the DDP buffer (see bench_fence_megatron.py)
+        model = model.cuda().to(torch.bfloat16)
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                                     use_distributed_optimizer=gpu), module=model)
+    if gpu:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=config["lr"], bf16=True, params_dtype=dtype,
+                                                     use_distributed_optimizer=True), [ddp])
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    hf = convert.hf_config(model, m["vocab"], m["max_seq"])
+    st = SimpleNamespace(cfg=config, model=model, ddp=ddp, opt=opt, gpu=gpu, hf_config=hf, alloc0=alloc0,
+                         buffers=list(ddp.buffers) + list(getattr(ddp, "expert_parallel_buffers", [])),
+                         sock=None, strategy=None, offloaded=False, stats={})
+    st.params = sum(p.numel() for p in model.parameters())
+    return st
+
+
+def refit_info(st) -> dict:
+    from bench.e2e import convert
+
+    return {name: (tuple(t.shape), str(t.dtype)) for name, t in convert.iter_hf_weights(st.model)}
+
+
+# ---------------------------------------------------------------------------- storage moves
+
+def move_buffers(st, device: str, move_params: bool, move_grads: bool) -> None:
+    for buf in st.buffers:
+        if device == "cpu":
+            buf.offload_to_cpu(move_params=move_params, move_grads=move_grads)
+        else:
+            buf.reload_from_cpu(move_params=move_params, move_grads=move_grads)
+
+
+def move_optimizer(st, device: str) -> None:
+    if not st.gpu:
+        return  # the CPU smoke's Adam state has nowhere to go
+    if device == "cpu":
+        st.opt.offload_to_cpu()
+    else:
+        st.opt.restore_from_cpu()
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------- refit
+
+def _digest(t: torch.Tensor) -> list:
+    t = t.detach().reshape(-1)
+    return [t.sum(dtype=torch.float64).item(), (t.double() ** 2).sum().item()]
+
+
+def stream_weights(st, address: str, buffer_size_bytes: int) -> dict:
+    """NeMo-RL's stream_weights_via_ipc_zmq_impl: two ping-pong uint8 buffers of half the budget
+    each, tensors packed at 512 bytes, one REQ/ACK per buffer, then COMPLETE. GPU: each buffer
+    travels as a CUDA IPC handle (torch.multiprocessing.reductions.reduce_tensor); CPU smoke: as bytes.
+    Returns per-HF-name digests of what was sent (the refit check) and timings."""
+    import zmq
+
+    from bench.e2e import convert
+
+    t0 = time.perf_counter()
+    if st.sock is None:
+        st.sock = zmq.Context.instance().socket(zmq.REQ)
+        st.sock.bind(address)
+    names = list(convert.iter_hf_weights(st.model))
+    total = sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for _, t in names)
+    largest = max(t.numel() * t.element_size() for _, t in names)
+    size = max(largest + ALIGN, min(buffer_size_bytes // 2, total))
+    device = "cuda" if st.gpu else "cpu"
+    bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    digests, metas, used, which, waiting, sent = {}, [], 0, 0, False, 0
+
+    def flush():
+        nonlocal metas, used, which, waiting, sent
+        buf = bufs[which]
+        if st.gpu:
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            torch.cuda.synchronize()
+            payload = ("cuda", reduce_tensor(buf)[1])
+        else:
+            payload = ("bytes", buf[:used].numpy().tobytes())
+        if waiting:
+            assert st.sock.recv_pyobj() == "ACK"
+        st.sock.send_pyobj((payload, metas, used))
+        waiting, sent = True, sent + 1
+        metas, used, which = [], 0, 1 - which
+
+    for name, t in names:
+        n = t.numel() * t.element_size()
+        if used + n > size:
+            flush()
+        bufs[which][used:used + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
+        metas.append((name, used, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        digests[name] = _digest(t)
+        used += -(-n // ALIGN) * ALIGN
+    if metas:
+        flush()
+    if waiting:
+        assert st.sock.recv_pyobj() == "ACK"
+    st.sock.send_pyobj("COMPLETE")
+    assert st.sock.recv_pyobj() == "DONE"
+    bufs.clear()
+    if st.gpu:
+        torch.cuda.ipc_collect()  # the engine dropped its views: let the allocator reuse the blocks
+    return {"digests": digests, "buffers": sent, "buffer_bytes": size, "stream_s": round(time.perf_counter() - t0, 3)}
+
+
+# ---------------------------------------------------------------------------- logprobs and training
+
+def _batch(st, data: dict):
+    ids = [list(p) + list(o) for p, o in zip(data["prompt_ids"], data["output_ids"])]
+    seq = max(len(x) for x in ids)
+    if any(len(x) != seq for x in ids):
+        raise ValueError("the harness generates fixed-length responses (ignore_eos)")
+    device = "cuda" if st.gpu else "cpu"
+    tokens = torch.tensor(ids, dtype=torch.long, device=device)
+    prompt = len(data["prompt_ids"][0])
+    return tokens, prompt
+
+
+def _token_logprobs(st, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
+    seq = tokens.shape[1]
+    pos = torch.arange(seq, device=tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
+    causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=tokens.device), diagonal=1)[None, None]
+    logits = st.ddp(tokens, pos, causal).float()
+    logp = torch.log_softmax(logits[:, prompt - 1:-1], dim=-1)
+    return logp.gather(-1, tokens[:, prompt:].unsqueeze(-1)).squeeze(-1)
+
+
+def logprobs(st, data: dict) -> dict:
+    tokens, prompt = _batch(st, data)
+    mb = st.cfg["micro_batch"]
+    out = []
+    with torch.no_grad():
+        for i in range(0, tokens.shape[0], mb):
+            out.append(_token_logprobs(st, tokens[i:i + mb], prompt).cpu())
+    return {"logprobs": torch.cat(out).tolist()}
+
+
+def train_step(st, data: dict) -> dict:
+    """One policy-gradient step (GRPO advantages: reward minus its group's mean), clipped ratio."""
+    tokens, prompt = _batch(st, data)
+    rewards = torch.tensor(data["total_reward"], dtype=torch.float32)
+    groups = torch.tensor(data["group"])
+    adv = rewards.clone()
+    for g in groups.unique():
+        sel = groups == g
+        adv[sel] = rewards[sel] - rewards[sel].mean()
+    device = tokens.device
+    adv = adv.to(device)
+    old = torch.tensor(data["prev_logprobs"], dtype=torch.float32, device=device)
+    st.ddp.zero_grad_buffer()
+    st.opt.zero_grad()
+    mb, n, loss_sum = st.cfg["micro_batch"], tokens.shape[0], 0.0
+    for i in range(0, n, mb):
+        logp = _token_logprobs(st, tokens[i:i + mb], prompt)
+        ratio = torch.exp(logp - old[i:i + mb]).clamp(0.8, 1.2)
+        loss = -(ratio * adv[i:i + mb, None]).mean() * (logp.shape[0] / n)
+        loss.backward()
+        loss_sum += float(loss.detach())
+    if st.gpu:
+        st.ddp.finish_grad_sync()
+        st.opt.step()
+        torch.cuda.synchronize()
+    else:  # no CUDA streams for DDP's grad sync; one rank: main_grad is the gradient
+        for p in st.model.parameters():
+            p.grad = p.main_grad.to(p.dtype)
+        st.opt.step()
+    return {"loss": loss_sum}
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+def make_queue(st):
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+    return AsyncCallsQueue(persistent=True) if st.gpu else AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+
+
+def _optimizer_state(st) -> dict:
+    """The optimizer's own storage (fp32 main params, Adam moments) as ShardedTensors referencing
+    the live tensors (megatron's dp_reshardable helper asserts with torch's Adam, the fallback
+    without TE/apex). On the CPU smoke: torch Adam's moments."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    found = {}
+    inners = [o.optimizer for o in getattr(st.opt, "chained_optimizers", [st.opt])] if st.gpu else [st.opt]
+    for ci, inner in enumerate(inners):
+        for gi, group in enumerate(inner.param_groups):
+            for pi, p in enumerate(group["params"]):
+                base = f"optimizer.c{ci}.g{gi}.p{pi}"
+                if st.gpu:
+                    found[base + ".main"] = ShardedTensor.from_rank_offsets(base + ".main", p.data, replica_id=0)
+                for k, v in inner.state.get(p, {}).items():
+                    if torch.is_tensor(v) and v.numel() == p.numel():
+                        found[f"{base}.{k}"] = ShardedTensor.from_rank_offsets(f"{base}.{k}", v, replica_id=0)
+    return found
+
+
+def save(st, path: str, queue) -> dict:
+    """dist_checkpointing.save of model + optimizer; async through NVRx (cached structure) when a
+    queue is given, else synchronous (the sync-save workaround). The fingerprints of the live state
+    at this moment are what the checkpoint must hold."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    from bench.bench_fence_megatron import _fingerprints
+
+    os.makedirs(path, exist_ok=True)
+    sd = {"model": st.model.sharded_state_dict(), "optimizer": _optimizer_state(st)}
+    t0 = time.perf_counter()
+    want = _fingerprints(sd)
+    fp_s = time.perf_counter() - t0
+    if st.strategy is None:
+        st.strategy = TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True)
+    t1 = time.perf_counter()
+    if queue is None:
+        dist_checkpointing.save(sd, path, sharded_strategy=st.strategy)
+    else:
+        req = dist_checkpointing.save(sd, path, sharded_strategy=st.strategy, async_sharded_save=True,
+                                      async_strategy="nvrx")
+        queue.schedule_async_request(req)
+    return {"path": path, "fingerprints": want, "schedule_s": round(time.perf_counter() - t1, 3),
+            "fingerprint_s": round(fp_s, 3), "async": queue is not None}
+
+
+# ---------------------------------------------------------------------------- measurement
+
+def _shim_totals() -> dict:
+    try:
+        from colo_shim.checkpoint import state
+
+        return dict(state.totals())
+    except Exception:
+        return {}
+
+
+def report_probe(worker) -> dict:
+    """Memory of this actor now: reserved (blocks a writer maps through CUDA IPC stay here),
+    allocated, free on the device, pinned host memory, fence totals, main's finalize time."""
+    from bench.e2e.engine import pinned_bytes
+
+    st = worker.state
+    out = {"fence": _shim_totals(), "finalize_in_offload_s": worker.timings["finalize_in_offload_s"],
+           "pinned": pinned_bytes(), "params": st.params}
+    if st.gpu:
+        free, total = torch.cuda.mem_get_info()
+        out.update(reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated(), free=free,
+                   total=total, alloc0=st.alloc0)
+    else:
+        out.update(reserved=0, allocated=0, free=0, total=0, alloc0=0)
+    q = worker.async_calls_queue
+    out["pending_saves"] = q.get_num_unfinalized_calls() if q is not None else 0
+    return out
+
+
+def report_state_bytes(worker) -> int:
+    """Bytes of the state an offload moves: param + grad buffers and the optimizer's tensors on the device."""
+    st = worker.state
+    total = sum(b.param_data.numel() * b.param_data.element_size() for b in st.buffers if b.param_data is not None)
+    total += sum(b.grad_data.numel() * b.grad_data.element_size() for b in st.buffers if b.grad_data is not None)
+    inners = [o.optimizer for o in getattr(st.opt, "chained_optimizers", [st.opt])] if st.gpu else [st.opt]
+    for inner in inners:
+        for group in inner.param_groups:
+            for p in group["params"]:
+                total += p.numel() * p.element_size() if st.gpu else 0
+                total += sum(v.numel() * v.element_size() for v in inner.state.get(p, {}).values()
+                             if torch.is_tensor(v) and v.dim() > 0)
+    return total
+
+
+def report_hf_config(worker) -> dict:
+    return worker.state.hf_config
+
+
+def report_shim_status(worker):
+    """colo-shim's status() in the trainer (fence totals, main-async decisions), compact."""
+    import sys
+
+    if "colo_shim" not in sys.modules:
+        return None
+    import colo_shim
+
+    return {r["target"].split(":")[-1]: {"status": r["status"], "calls": r["calls"]}
+            for r in colo_shim.status() if r.get("calls")} | {"fence": _shim_totals()}
