@@ -93,7 +93,10 @@ def test_real_actors_reach_the_patch_in_every_layout_and_import_order(tmp_path):
     _assert_vllm(res[("v0_7", "a")])
     _assert_vllm(res[("v0_7", "b")])
     # order d, the decorating process: its patch holds there only, and it says so
-    for row in _by_method(res[("v0_7", "b")]["local"], "v0_7").values():
+    for name, row in _by_method(res[("v0_7", "b")]["local"], "v0_7").items():
+        if name == "finalize_async_save":  # NeMo-RL main's method (PR #3322): v0.7's class has none
+            assert row["status"] == "target-missing", row
+            continue
         assert row["status"] == "applied" and "in this process only" in row["reason"], row
 
 
