@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from colo_shim.checkpoint import state
+from colo_shim.core import config
 from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: the fence's public helpers)
     TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _totals, bytes_in_flight, describe, forget_release,
     live_queues, lock, must_wait, note_cuda_sent, pending, rank, totals, track_holder, track_queue,
@@ -37,7 +38,7 @@ from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: the fence'
 
 log = logging.getLogger("colo_shim.nvrx")
 DEFAULT_TIMEOUT = 0.0  # 0: wait as long as the write takes (upstream's blocking finalize does)
-WARN_ENV = "COLO_SHIM_FENCE_WARN_EVERY"
+WARN_ENV = config.FENCE_WARN_EVERY
 DEFAULT_WARN_EVERY = 60.0
 
 
@@ -61,8 +62,6 @@ class Wait:
     """How long the fence waits and how it says so; clock and sleep are injectable for tests."""
 
     def __init__(self, timeout: float | None = None, warn_every: float | None = None, clock=None, sleep=None):
-        from colo_shim.core import config
-
         self.timeout = config.env_float(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
         self.warn_every = config.env_float(WARN_ENV, DEFAULT_WARN_EVERY) if warn_every is None else warn_every
         self.clock = clock or time.monotonic
@@ -152,14 +151,6 @@ def _await_writes(queue, wait: Wait) -> None:
                 wait.tick(queue)
 
 
-def _drops_in_place(release) -> bool:
-    """Whether this release leaves pending saves alone (an in-place drop), rather than closing the queue."""
-    from colo_shim.core import versions
-
-    return release.strategy() in ("inplace", "stage") and release.inplace_tested(
-        versions.installed_version(release.DIST))
-
-
 def _free_bytes():
     torch = sys.modules.get("torch")
     try:
@@ -196,7 +187,7 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
         from colo_shim.checkpoint import release
 
         for queue in holding:
-            if nested and pending(queue) and not _drops_in_place(release):
+            if nested and pending(queue) and not release.drops_in_place():
                 log.warning("colo_shim fence(%s) inside a checkpoint finalize: the %s release would finalize "
                             "later saves first; left to the next fence", reason, release.strategy())
                 continue

@@ -46,6 +46,12 @@ def inplace_tested(version: str | None) -> bool:
     return version in INPLACE_TESTED
 
 
+def drops_in_place() -> bool:
+    """Whether a release leaves pending saves alone (an in-place drop) rather than closing the queue:
+    inplace/stage on an NVRx release the drop was tested on."""
+    return strategy() in ("inplace", "stage") and inplace_tested(versions.installed_version(DIST))
+
+
 def _warn_once(key: str, message: str, *args) -> None:
     if key not in _warned:
         _warned.add(key)
@@ -82,7 +88,7 @@ def release(queue, wait) -> str | None:
         return "gone"
     if how in ("inplace", "stage"):
         version = versions.installed_version(DIST)
-        if not inplace_tested(version):
+        if not drops_in_place():
             _warn_once("untested", "colo_shim: NVRx %s is not a release the inplace release was tested on (%s); "
                        "releasing checkpoint writers by restarting them", version, ", ".join(INPLACE_TESTED))
             state._totals["release_fallbacks"] += 1

@@ -147,10 +147,10 @@ def check_room(wrapped, instance, args, kwargs):
                 try:
                     granted, room = shm_ledger.reserve(need, _explicit_budget())
                 except OSError as exc:
+                    ranks = shm_ledger.local_ranks()
                     _warn_once("ledger", "colo_shim: no /dev/shm reservation ledger in %s (%s: %s); each rank "
                                "budgets its share of the free space (%s ranks per node, %s)", shm_ledger.directory(),
-                               type(exc).__name__, exc, shm_ledger.local_ranks()["count"] or 1,
-                               shm_ledger.local_ranks()["source"])
+                               type(exc).__name__, exc, ranks["count"] or 1, ranks["source"])
                     room = _explicit_budget()
                     room = _share_without_ledger() if room is None else room
                     granted = need <= room

@@ -15,7 +15,9 @@ import sys
 import threading
 import weakref
 
-TIMEOUT_ENV = "COLO_SHIM_FENCE_TIMEOUT"
+from colo_shim.core import config
+
+TIMEOUT_ENV = config.FENCE_TIMEOUT
 _NVRX_CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 _MEGATRON_SINGLETON = "megatron.training.async_utils"
 
