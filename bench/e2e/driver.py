@@ -102,7 +102,7 @@ def driver(args) -> int:
     ckpt_root = os.path.join(args.ckpt_dir, f"e2e_{os.getpid()}")
     os.makedirs(ckpt_root, exist_ok=True)
     checkpointer = None
-    rec.monitor = Monitor(lambda: {checkpointer.proc.pid} if checkpointer else set())
+    rec.monitor = Monitor(lambda: {p.pid for p in checkpointer.procs} if checkpointer else set())
     rec.monitor.start()
     from nemo_rl.algorithms import grpo
 
@@ -135,6 +135,7 @@ def driver(args) -> int:
         if rec.step is not None and rec.step.get("step_s") is None:
             rec.step["incomplete"] = True
     rec.monitor.stop = True
+    run["mem_available_min_gib"] = round(min(rec.monitor.run_min_avail, rec.monitor.min_avail) / GIB, 3)
     rec.write()
     shutil.rmtree(ckpt_root, ignore_errors=True)
     print("[e2e] done", json.dumps({k: run.get(k) for k in ("name", "error")})[:2000], flush=True)

@@ -36,20 +36,29 @@ class Monitor(threading.Thread):
     def __init__(self, exclude):
         super().__init__(daemon=True)
         self.exclude, self.peak_rss, self.peak_shm, self.stop = exclude, 0, 0, False
+        self.min_avail = self.run_min_avail = float("inf")  # the node's MemAvailable: how close to the OOM killer
 
     def run(self):
         while not self.stop:
             try:
                 self.peak_rss = max(self.peak_rss, _tree_rss(os.getpid(), self.exclude()))
                 self.peak_shm = max(self.peak_shm, _shm_used())
+                self.min_avail = min(self.min_avail, _mem_available())
+                self.run_min_avail = min(self.run_min_avail, self.min_avail)
             except Exception:
                 pass
             time.sleep(0.2)
 
     def take(self):
-        out = (self.peak_rss, self.peak_shm)
+        out = (self.peak_rss, self.peak_shm, self.min_avail)
         self.peak_rss = self.peak_shm = 0
+        self.min_avail = float("inf")
         return out
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
 
 
 def _tree_rss(root: int, exclude) -> int:
@@ -126,6 +135,7 @@ class Recorder:
                 self.step["offloaded_gib"] = round(state / GIB, 3)
                 self.step["free_after_offload_gib"] = round(p["free"] / GIB, 3)
                 self.step["trainer_pinned_gib"] = round(p["pinned"] / GIB, 3)
+                self.step["stage_registered_gib"] = round(p.get("registered", 0) / GIB, 3)
                 self.step["pending_saves_at_offload"] = p["pending_saves"]
             self.run.setdefault("free_after_offload_gib", []).append(self.step["free_after_offload_gib"])
         if actor == "engine" and method == "wake_up" and not _control(kwargs.get("tags")):
@@ -190,10 +200,10 @@ class Recorder:
 
     def log_metrics(self, metrics, step):
         p = self.trainer_probe()
-        rss, shm = self.monitor.take()
+        rss, shm, avail = self.monitor.take()
         wall = time.perf_counter() - self.t0
         self.step.update(
-            host_peak_gib=round(rss / GIB, 3), shm_peak_gib=round(shm / GIB, 3),
+            host_peak_gib=round(rss / GIB, 3), shm_peak_gib=round(shm / GIB, 3), mem_available_min_gib=round(avail / GIB, 3),
             step_s=round(wall - self.instrument_s, 3), instrument_s=round(self.instrument_s, 3),
             offload_wait_s=round(p["fence"].get("fence_s", 0.0) - self.fence0 + p["finalize_in_offload_s"] - self.fin0, 3),
             times=dict(self.timer.times), ids_digest=metrics.get("ids_digest"),

@@ -23,7 +23,10 @@ class Future:
 
     def get(self):
         if not self.done:
-            status, value = self.remote.conn.recv()
+            try:
+                status, value = self.remote.conn.recv()
+            except (EOFError, ConnectionError):
+                raise RemoteError(f"{self.remote.label}.{self.name}: {self.remote.died()}") from None
             self.remote.pending = None
             self.done, self.value = True, (status, value)
         status, value = self.value
@@ -45,6 +48,18 @@ class Remote:
 
     def call(self, name, *args, **kwargs):
         return self.submit(name, *args, **kwargs).get()
+
+    def died(self) -> str:
+        """Why the pipe closed: the actor's exit code (-9 is SIGKILL, what the kernel's OOM killer sends)
+        and the node's available memory right then."""
+        self.proc.join(10)
+        code = self.proc.exitcode
+        why = {-9: " (SIGKILL: the OOM killer's signal)", None: " (still running)"}.get(code, "")
+        try:
+            avail = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemAvailable:")) / 2**20
+        except (OSError, StopIteration):
+            avail = float("nan")
+        return f"process died, exitcode {code}{why}; MemAvailable now {avail:.1f} GiB"
 
     def close(self, timeout=30):
         try:

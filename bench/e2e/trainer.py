@@ -12,6 +12,7 @@ worker. Everything else (model, checkpoint content, NVRx path, refit packing) is
 from __future__ import annotations
 
 import os
+import sys
 import time
 from types import SimpleNamespace
 
@@ -319,6 +320,13 @@ def _shim_totals() -> dict:
         return {}
 
 
+def _registered_bytes() -> int:
+    """Host bytes colo-shim page-locked with cudaHostRegister (staged /dev/shm buffers; not in
+    host_memory_stats, which sees only torch's pinned allocator)."""
+    mod = sys.modules.get("colo_shim.checkpoint.pinning")
+    return int(mod.report()["pinned_bytes"]) if mod is not None else 0
+
+
 def report_probe(worker) -> dict:
     """Memory of this actor now: reserved (blocks a writer maps through CUDA IPC stay here),
     allocated, free on the device, pinned host memory, fence totals, main's finalize time."""
@@ -326,7 +334,7 @@ def report_probe(worker) -> dict:
 
     st = worker.state
     out = {"fence": _shim_totals(), "finalize_in_offload_s": worker.timings["finalize_in_offload_s"],
-           "pinned": pinned_bytes(), "params": st.params}
+           "pinned": pinned_bytes(), "params": st.params, "registered": _registered_bytes()}
     if st.gpu:
         free, total = torch.cuda.mem_get_info()
         out.update(reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated(), free=free,
