@@ -5,7 +5,9 @@
 One row per run: steps finished, wake-ups OOM, what the writer held after the offload (max over
 steps, and as a share of the offloaded state), host peak, pinned host memory after rollout
 finishes vs the level-1 backup, checkpoints and refits equal, median step time and offload wait
-(steps with a save in flight), save scheduling (first save, then median of the others), and
+(steps with a save in flight, and those without a validation), save scheduling (save 1 starts NVRx's
+worker; save 2 stages again, because the new worker's restart callback dropped save 1's buffers;
+median of saves 3 on, the cached buffers reused), colo-shim's page-locked staging bytes, and
 whether the generated ids match the no-shim/first run's at each common step (same weights in,
 same ids out: a cross-run reference).
 """
@@ -79,8 +81,12 @@ def rows(report: dict) -> list[dict]:
             "ids_match_ref": f"{sum(same)}/{len(same)}" if same else "-",
             "step_s": _med([s["step_s"] for s in done]),
             "step_inflight_s": _med([s["step_s"] for s in inflight]),
+            "step_plain_s": _med([s["step_s"] for s in inflight if "validation" not in (s.get("times") or {})]),
             "offload_wait_s": _med([s.get("offload_wait_s") for s in inflight]),
-            "save_first_s": sched[0] if sched else None, "save_steady_s": _med(sched[1:]),
+            "save_first_s": sched[0] if sched else None, "save_second_s": sched[1] if len(sched) > 1 else None,
+            "save_steady_s": _med(sched[2:]),
+            "registered_gib": max((s.get("stage_registered_gib") or 0 for s in steps), default=None)
+            if any("stage_registered_gib" in s for s in steps) else None,
             "kv_cache_gib": r.get("kv_cache_gib"),
             "error": _short(r.get("error")),
         })
@@ -103,8 +109,10 @@ COLS = [("run", "run"), ("steps", "steps"), ("oom", "wake OOM"), ("held_gib", "h
         ("pinned_after_finish_gib", "pinned after finish GiB"), ("level1_backup_gib", "level-1 backup GiB"),
         ("discarded", "finishes discarded"), ("ckpt_equal", "ckpt equal"), ("refit_equal", "refit equal"),
         ("ids_match_ref", "ids = ref"), ("step_s", "step s (median)"), ("step_inflight_s", "step s, steps >= 2"),
-        ("offload_wait_s", "offload wait s, steps >= 2"), ("save_first_s", "save sched. first s"),
-        ("save_steady_s", "save sched. steady s"), ("kv_cache_gib", "KV GiB")]
+        ("step_plain_s", "step s, steps >= 2 w/o validation"),
+        ("offload_wait_s", "offload wait s, steps >= 2"), ("save_first_s", "save sched. 1st s"),
+        ("save_second_s", "save sched. 2nd s"), ("save_steady_s", "save sched. 3rd on s (median)"),
+        ("registered_gib", "page-locked staging GiB"), ("kv_cache_gib", "KV GiB")]
 
 
 def markdown(report: dict) -> str:

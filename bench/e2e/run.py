@@ -117,8 +117,8 @@ def orchestrate(args) -> int:
         # Its checkpoints always go; other new /dev/shm entries (NVRx / colo-shim staging) only with
         # --clean-shm, on a machine this harness has to itself (the GPU lease), never on a shared one.
         shutil.rmtree(os.path.join(args.ckpt_dir, f"e2e_{proc.pid}"), ignore_errors=True)
-        left = sorted(set(os.listdir("/dev/shm")) - shm_before)
-        for entry in left if args.clean_shm else ():
+        leftover = sorted(set(os.listdir("/dev/shm")) - shm_before)
+        for entry in leftover if args.clean_shm else ():
             path = os.path.join("/dev/shm", entry)
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
         row = json.load(open(progress)) if os.path.exists(progress) else {"name": name, "mode": mode, "nvrx": nvrx,
@@ -128,7 +128,7 @@ def orchestrate(args) -> int:
         elif rc != 0 and "error" not in row:
             row["error"] = f"driver exit {rc}; see log"
         row["wall_s"] = round(time.monotonic() - t0, 1)
-        row["shm_left_behind"] = len(left)
+        row["shm_left_behind"] = len(leftover)
         row["log_tail"] = open(os.path.join(args.out, f"log-{mode}-{nvrx}.txt")).read()[-1500:] if row.get("error") else None
         if shim and row.get("free_after_offload_gib"):
             measured_free.append(min(row["free_after_offload_gib"]))
