@@ -1,9 +1,10 @@
 """Checkpoints of the e2e harness: at most two on disk, each verified once its write is finalized.
 
 The verifiers are their own processes (bench instruments: their reads would otherwise stall the
-trainer), two of them so that reading a 14 GiB checkpoint back (~29 s on the H200 host) keeps up
-with a staged save every ~18 s instead of stalling the next save; each reads a checkpoint back with bench_fence_megatron._compare against the fingerprints of the
-live state taken when the save was scheduled.
+trainer), two of them because reading a 14 GiB checkpoint back takes 25-30 s on the H200 host,
+longer than a staged step, and the two-on-disk limit would otherwise hold the next save; each reads
+a checkpoint back with bench_fence_megatron._compare against the fingerprints of the live state
+taken when the save was scheduled.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Checkpointer:
         self.root, self.rec, self.pending, self.on_disk = root, recorder, None, []
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-        self.procs = [ctx.Process(target=_verify_loop, args=(self.inbox, self.outbox), daemon=True) for _ in range(VERIFIERS)]
+        self.procs = [ctx.Process(target=_verify_loop, args=(self.inbox, self.outbox), daemon=True)
+                      for _ in range(VERIFIERS)]
         for proc in self.procs:
             proc.start()
         self.waiting = {}

@@ -36,14 +36,14 @@ class Monitor(threading.Thread):
     def __init__(self, exclude):
         super().__init__(daemon=True)
         self.exclude, self.peak_rss, self.peak_shm, self.stop = exclude, 0, 0, False
-        self.min_avail = self.run_min_avail = float("inf")  # the node's MemAvailable: how close to the OOM killer
+        self.min_avail = self.run_min_avail = float("inf")  # lowest MemAvailable: this step's, the run's
 
     def run(self):
         while not self.stop:
             try:
                 self.peak_rss = max(self.peak_rss, _tree_rss(os.getpid(), self.exclude()))
                 self.peak_shm = max(self.peak_shm, _shm_used())
-                self.min_avail = min(self.min_avail, _mem_available())
+                self.min_avail = min(self.min_avail, mem_available())
                 self.run_min_avail = min(self.run_min_avail, self.min_avail)
             except Exception:
                 pass
@@ -56,7 +56,7 @@ class Monitor(threading.Thread):
         return out
 
 
-def _mem_available() -> int:
+def mem_available() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
 

@@ -61,6 +61,7 @@ def rows(report: dict) -> list[dict]:
         ck = [s["ckpt_equal"] for s in steps if s.get("ckpt_equal") is not None]
         rf = [s["refit_equal"] for s in steps if s.get("refit_equal") is not None]
         sched = [s.get("save_schedule_s") for s in steps if s.get("save_schedule_s") is not None]
+        registered = [s["stage_registered_gib"] for s in steps if s.get("stage_registered_gib") is not None]
         pinned = [s["pinned_after_finish_gib"] for s in steps if s.get("pinned_after_finish_gib") is not None]
         discarded = [s for s in steps if s.get("discarded")]
         ids = [s for s in steps if s.get("ids_digest") and s["step"] in ref]
@@ -85,8 +86,7 @@ def rows(report: dict) -> list[dict]:
             "offload_wait_s": _med([s.get("offload_wait_s") for s in inflight]),
             "save_first_s": sched[0] if sched else None, "save_second_s": sched[1] if len(sched) > 1 else None,
             "save_steady_s": _med(sched[2:]),
-            "registered_gib": max((s.get("stage_registered_gib") or 0 for s in steps), default=None)
-            if any("stage_registered_gib" in s for s in steps) else None,
+            "registered_gib": max(registered) if registered else None,
             "kv_cache_gib": r.get("kv_cache_gib"),
             "error": _short(r.get("error")),
         })

@@ -52,11 +52,13 @@ class Remote:
     def died(self) -> str:
         """Why the pipe closed: the actor's exit code (-9 is SIGKILL, what the kernel's OOM killer sends)
         and the node's available memory right then."""
+        from bench.e2e.record import GIB, mem_available
+
         self.proc.join(10)
         code = self.proc.exitcode
         why = {-9: " (SIGKILL: the OOM killer's signal)", None: " (still running)"}.get(code, "")
         try:
-            avail = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemAvailable:")) / 2**20
+            avail = mem_available() / GIB
         except (OSError, StopIteration):
             avail = float("nan")
         return f"process died, exitcode {code}{why}; MemAvailable now {avail:.1f} GiB"
