@@ -14,14 +14,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
+B=${VLLM_BUNDLE:-.vllm-bundle}  # VLLM_BUNDLE=.vllm-bundle-0251 for the vLLM 0.25.1 build
 what=${1:?part N | run NAME...}; shift
 if [ "$what" = part ]; then
-    cp ".vllm-bundle/vllm-site.part$1" /tmp/ && ls -l /tmp/vllm-site.part*
+    cp "$B/vllm-site.part$1" /tmp/ && ls -l /tmp/vllm-site.part*
     exit
 fi
 if [ ! -d /tmp/site/vllm ]; then
-    cp .vllm-bundle/vllm-site.part2 /tmp/ || exit 1
-    (cd /tmp && sha256sum -c "$REPO/.vllm-bundle/vllm-site.SHA256SUMS") || exit 1
+    cp "$B/vllm-site.part2" /tmp/ || exit 1
+    (cd /tmp && sha256sum -c "$REPO/$B/vllm-site.SHA256SUMS") || exit 1
     cat /tmp/vllm-site.part0 /tmp/vllm-site.part1 /tmp/vllm-site.part2 | python3 -c \
         "import sys,tarfile;tarfile.open(fileobj=sys.stdin.buffer,mode='r|xz').extractall('/tmp/site',filter='data')" || exit 1
 fi
