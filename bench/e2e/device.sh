@@ -6,6 +6,8 @@
 #   call 3: carry [.vllm-bundle/vllm-site.part2, .vllm-bundle/vllm-site.SHA256SUMS]
 #           command: bash bench/e2e/device.sh run --runs stage@0.7.0:2,noshim@0.7.0:3 --budget-s 540
 #   call 4..: (still warm) bash bench/e2e/device.sh run --runs stage@0.7.0:10,shim@0.7.0:10 --kv-free-gib F
+# vLLM 0.25.1: VLLM_VERSION=0.25.1 ../shared/tools/vllm-device-bundle.sh .vllm-bundle-0251, then the same calls with
+# VLLM_BUNDLE=.vllm-bundle-0251 before bash and that folder's parts carried.
 # .whl holds mcore/megatron_core-0.19.2-*.whl, nvrx060/ and nvrx070/ (NVRx 0.6.0 / 0.7.0 wheels), installed
 # into /tmp/e2esite/{mcore,nvrx060,nvrx070} (one --target per library, as bench_fence_megatron.py uses).
 # What comes back under $OUT: e2e.json (the runs of this call) and logs.tar.gz (per-run logs, progress).

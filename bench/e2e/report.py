@@ -104,7 +104,7 @@ def _short(error):
     return (text.strip().splitlines() or [""])[0][:140]
 
 
-COLS = [("run", "run"), ("steps", "steps"), ("oom", "wake OOM"), ("held_gib", "held GiB"), ("held_pct", "held % of offloaded"),
+COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("held_gib", "held GiB"), ("held_pct", "held % of offloaded"),
         ("offloaded_gib", "offloaded GiB"), ("host_peak_gib", "host peak GiB"),
         ("pinned_after_finish_gib", "pinned after finish GiB"), ("level1_backup_gib", "level-1 backup GiB"),
         ("discarded", "finishes discarded"), ("ckpt_equal", "ckpt equal"), ("refit_equal", "refit equal"),
@@ -121,7 +121,7 @@ def markdown(report: dict) -> str:
     for row in rows(report):
         lines.append("| " + " | ".join(_fmt(row[k]) for k, _ in COLS) + " |")
         if row["oom_detail"] or row["error"]:
-            notes.append(f"- {row['run']}: " + "; ".join(x for x in (row["oom_detail"], row["error"]) if x))
+            notes.append(f"- {row['run']} (vLLM {row['vllm']}): " + "; ".join(x for x in (row["oom_detail"], row["error"]) if x))
     skipped = [r for r in runs_of(report) if "skipped" in r]
     notes += [f"- {r['name']}: not run ({r['skipped']})" for r in skipped]
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -138,13 +138,13 @@ def split_markdown(report: dict) -> str:
     lines = ["Median seconds per phase and step over steps >= 2, summed over the step's refits (a validation "
              "step refits twice); save_checkpoint includes waiting for the verifier, which step_s leaves out "
              "(instrument s).", "",
-             "| run | " + " | ".join(SPLIT) + " | instrument s |", "|" + "---|" * (len(SPLIT) + 2)]
+             "| run | vLLM | " + " | ".join(SPLIT) + " | instrument s |", "|" + "---|" * (len(SPLIT) + 3)]
     for r in runs_of(report):
         steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("times")]
         if not steps:
             continue
         cells = [_fmt(_med([s["times"].get(k) for s in steps])) for k in SPLIT]
-        lines.append(f"| {r['name']} | " + " | ".join(cells) + f" | {_fmt(_med([s.get('instrument_s') for s in steps]))} |")
+        lines.append(f"| {r['name']} | {r.get('vllm')} | " + " | ".join(cells) + f" | {_fmt(_med([s.get('instrument_s') for s in steps]))} |")
     return "\n".join(lines)
 
 

@@ -85,7 +85,10 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
         conn.send(("err", traceback.format_exc()[-4000:]))
         return
     while True:
-        name, args, kw = conn.recv()
+        try:
+            name, args, kw = conn.recv()
+        except EOFError:  # the driver closed its end (a finished or stopped run): nothing left to serve
+            return
         if name == "__exit__":
             conn.send(("ok", None))
             return

@@ -60,7 +60,7 @@ def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
     from bench.e2e import report as rep
 
     table = rep.markdown(report)
-    assert "| stage@0.7.0 | 3 | 0 |" in table and "3/3" in table
+    assert f"| stage@0.7.0 | {run['vllm']} | 3 | 0 |" in table and "3/3" in table
 
 
 def test_main_layout_worker_reaches_the_main_async_patch(tmp_path):
