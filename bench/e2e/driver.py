@@ -134,6 +134,9 @@ def driver(args) -> int:
         run["traceback"] = traceback.format_exc()[-3000:]
         if rec.step is not None and rec.step.get("step_s") is None:
             rec.step["incomplete"] = True
+    for remote in (rec.engine, rec.trainer):  # as NeMo-RL's shutdown(): each actor leaves its loop and exits
+        if remote is not None:
+            remote.close()
     rec.monitor.stop = True
     run["mem_available_min_gib"] = round(rec.monitor.run_min_avail / GIB, 3)
     rec.write()

@@ -87,7 +87,7 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
     while True:
         try:
             name, args, kw = conn.recv()
-        except EOFError:  # the driver closed its end (a finished or stopped run): nothing left to serve
+        except EOFError:  # the driver died or left without close(): nobody is left to serve
             return
         if name == "__exit__":
             conn.send(("ok", None))

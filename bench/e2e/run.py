@@ -181,24 +181,21 @@ def _fill_failed_wake(row) -> None:
 
 def merge(paths, out) -> int:
     """One results file from several device calls; later files win per run name and engine version."""
+    from bench.e2e import report as rep
+
     runs = {}
     for path in paths:
         part = json.load(open(path))
-        from bench.e2e import report as rep
-
         for row in rep.runs_of(part):
             row.setdefault("meta", part.get("meta", {}) if isinstance(part, dict) else {})
             if "skipped" not in row:
                 _fill_failed_wake(row)
                 runs[(row["name"], row.get("vllm"))] = dict(row, source=os.path.relpath(path, REPO) if path.startswith(REPO) else path)
     order = {m: i for i, m in enumerate(("noshim", "shim", "stage", "stage_nopin", "sync_save", "main3322", "main3322_stage"))}
-    rows = sorted(runs.values(), key=lambda r: (r.get("vllm") != "0.26.0", r.get("nvrx") != "0.7.0", order.get(r.get("mode"), 99), r["name"]))
-    report = rows
+    report = sorted(runs.values(), key=lambda r: (r.get("vllm") != "0.26.0", r.get("nvrx") != "0.7.0", order.get(r.get("mode"), 99), r["name"]))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(report, f, indent=1, default=str)
-    from bench.e2e import report as rep
-
     print(rep.markdown(report))
     return 0
 
