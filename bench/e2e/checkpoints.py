@@ -44,15 +44,17 @@ class Checkpointer:
     next save's leading blocking finalize, or at the end of the run).
 
     NeMo-RL main's `begin_finalization(wait_fn=policy.finalize_async_save)` runs the wait from a
-    driver thread; with an actor that serves one call at a time that wait would run before the
-    next refit's offload and no write would be in flight there, which is the case the issue asks
-    to measure (and what NeMo-RL's loop gives whenever the finalize thread lags the next step). The
-    harness therefore leaves finalizing to the next save, as megatron's own loop does."""
+    driver thread, and that call reaches the trainer actor (which serves one call at a time) either
+    before or after the next refit's offload. Without `order` the harness leaves it out and
+    finalizing to the next save, as megatron's own loop does; `order="before"` makes the call right
+    after save_checkpoint returns, `order="after"` right after the next offload_before_refit (the
+    Recorder calls after_offload), each timed into the step record as `main_finalize_s`."""
 
-    def __init__(self, root, recorder):
+    def __init__(self, root, recorder, order=None):
         import multiprocessing as mp
 
         self.root, self.rec, self.pending, self.on_disk = root, recorder, None, []
+        self.order, self.policy_wait_owed, self.policy = order, False, None
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.procs = [ctx.Process(target=_verify_loop, args=(self.inbox, self.outbox), daemon=True)
@@ -86,6 +88,26 @@ class Checkpointer:
         self.on_disk.append((step, path))
         if not saved["async"]:
             self._submit_previous()
+        elif self.order == "before":
+            self._policy_wait()
+        elif self.order == "after":
+            self.policy_wait_owed = True
+
+    def after_offload(self):
+        """The trainer finished offload_before_refit: main's checkpointer-thread call comes now."""
+        if self.policy_wait_owed:
+            self.policy_wait_owed = False
+            self._policy_wait()
+
+    def _policy_wait(self):
+        """main's wait_fn: the trainer's finalize_async_save (a waiting call); the save is complete after."""
+        import time
+
+        t0 = time.perf_counter()
+        self.rec.step.setdefault("trainer_calls", []).append("finalize_async_save (checkpointer)")
+        self.rec.trainer.call("finalize_async_save")
+        self.rec.step["main_finalize_s"] = round(self.rec.step.get("main_finalize_s", 0.0) + time.perf_counter() - t0, 3)
+        self._submit_previous()
 
     def _submit_previous(self):
         if self.pending is not None:

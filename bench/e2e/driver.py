@@ -22,6 +22,7 @@ MODES = {  # name -> (shim, release, worker layout, async save, extra env)
     "sync_save": (False, None, "v0_7", False, {}),
     "main3322": (False, None, "main", True, {}),
     "main3322_stage": (True, "stage", "main", True, {}),
+    "main3322_shim": (True, None, "main", True, {}),
 }
 SIZES = {  # model, rollout and engine shapes
     "full": dict(sizes=dict(num_layers=20, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
@@ -80,6 +81,7 @@ def driver(args) -> int:
            "release": release or ("inplace (default)" if shim else None), "worker": layout, "async_save": async_save,
            "size": args.size, "model": sz["sizes"], "vocab": sz["vocab"], "steps": [], "val_period": args.val_period,
            "kv_cache_gib": round(args.kv_bytes / GIB, 3) if args.kv_bytes else None, "kv_rule": args.kv_rule,
+           "ckpt_medium": args.ckpt_medium, "main_finalize_order": args.order,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("COLO_SHIM", "E2E_", "VLLM_ENABLE"))}}
     rec = Recorder(run, args.progress)
     os.environ["E2E_ZMQ_ADDR"] = f"ipc:///tmp/colo_e2e_{os.getpid()}.sock"
@@ -107,7 +109,8 @@ def driver(args) -> int:
     from nemo_rl.algorithms import grpo
 
     try:
-        checkpointer = Checkpointer(ckpt_root, rec)
+        checkpointer = Checkpointer(ckpt_root, rec, order=args.order)
+        rec.checkpointer = checkpointer
         cluster = Cluster(rec, run)
         t0 = time.perf_counter()
         policy, generation = grpo.setup(master_config, cluster)

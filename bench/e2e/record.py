@@ -89,7 +89,7 @@ class Recorder:
     def __init__(self, run, progress):
         self.run, self.progress, self.step, self.instrument_s = run, progress, None, 0.0
         self.trainer = self.engine = None
-        self.fence0 = self.fin0 = 0.0
+        self.fence0 = self.fin0 = self.nested0 = 0.0
 
     def write(self):
         with open(self.progress + ".tmp", "w") as f:
@@ -114,6 +114,8 @@ class Recorder:
         timer.times.clear()
         p = self.trainer_probe()
         self.fence0, self.fin0 = p["fence"].get("fence_s", 0.0), p["finalize_in_offload_s"]
+        self.nested0 = p.get("fence_in_finalize_s", 0.0)
+        self.parts0 = dict(p.get("offload_parts", {}))
         self.step = {"step": n, "wake_ok": None, "held_gib": None, "offloaded_gib": None, "host_peak_gib": None,
                      "pinned_after_finish_gib": None, "level1_backup_gib": self.run.get("level1_backup_gib"),
                      "discarded": None, "ckpt_equal": None, "refit_equal": None, "step_s": None,
@@ -125,6 +127,11 @@ class Recorder:
     def after_call(self, actor, method, result, kwargs):
         if self.step is None:
             return
+        if actor == "trainer" and method in ("offload_before_refit", "offload_after_refit", "finalize_async_save",
+                                             "save_checkpoint"):
+            self.step.setdefault("trainer_calls", []).append(method)  # the order main's two calls met in
+        if actor == "trainer" and method == "offload_before_refit" and getattr(self, "checkpointer", None):
+            self.checkpointer.after_offload()
         if actor == "trainer" and method == "offload_after_refit":
             p = self.trainer_probe()
             with self.instrument():
@@ -205,7 +212,9 @@ class Recorder:
         self.step.update(
             host_peak_gib=round(rss / GIB, 3), shm_peak_gib=round(shm / GIB, 3), mem_available_min_gib=round(avail / GIB, 3),
             step_s=round(wall - self.instrument_s, 3), instrument_s=round(self.instrument_s, 3),
-            offload_wait_s=round(p["fence"].get("fence_s", 0.0) - self.fence0 + p["finalize_in_offload_s"] - self.fin0, 3),
+            offload_wait_s=round(p["fence"].get("fence_s", 0.0) - self.fence0 + p["finalize_in_offload_s"] - self.fin0
+                                 - (p.get("fence_in_finalize_s", 0.0) - self.nested0), 3),
+            offload_parts={k: round(v - self.parts0.get(k, 0.0), 3) for k, v in p.get("offload_parts", {}).items()},
             times=dict(self.timer.times), ids_digest=metrics.get("ids_digest"),
             mean_reward=metrics.get("mean_reward"), loss=metrics.get("loss"))
         self.write()

@@ -1,6 +1,6 @@
 """Tables from the e2e harness's JSON (bench/e2e/results/e2e_h200.json).
 
-    python bench/e2e/report.py [--markdown] [FILE]
+    python bench/e2e/report.py [--markdown | --readme] [FILE]
 
 One row per run: steps finished, wake-ups OOM, what the writer held after the offload (max over
 steps, and as a share of the offloaded state), host peak, pinned host memory after rollout
@@ -84,6 +84,8 @@ def rows(report: dict) -> list[dict]:
             "step_inflight_s": _med([s["step_s"] for s in inflight]),
             "step_plain_s": _med([s["step_s"] for s in inflight if "validation" not in (s.get("times") or {})]),
             "offload_wait_s": _med([s.get("offload_wait_s") for s in inflight]),
+            "main_finalize_s": _med([s.get("main_finalize_s") for s in inflight]),
+            "ckpt_medium": r.get("ckpt_medium") or "shm",
             "save_first_s": sched[0] if sched else None, "save_second_s": sched[1] if len(sched) > 1 else None,
             "save_steady_s": _med(sched[2:]),
             "registered_gib": max(registered) if registered else None,
@@ -110,16 +112,23 @@ COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"
         ("discarded", "finishes discarded"), ("ckpt_equal", "ckpt equal"), ("refit_equal", "refit equal"),
         ("ids_match_ref", "ids = ref"), ("step_s", "step s (median)"), ("step_inflight_s", "step s, steps >= 2"),
         ("step_plain_s", "step s, steps >= 2 w/o validation"),
-        ("offload_wait_s", "offload wait s, steps >= 2"), ("save_first_s", "save sched. 1st s"),
+        ("offload_wait_s", "offload wait s, steps >= 2"), ("main_finalize_s", "main's checkpointer wait s"),
+        ("ckpt_medium", "ckpt on"), ("save_first_s", "save sched. 1st s"),
         ("save_second_s", "save sched. 2nd s"), ("save_steady_s", "save sched. 3rd on s (median)"),
         ("registered_gib", "page-locked staging GiB"), ("kv_cache_gib", "KV GiB")]
 
 
-def markdown(report: dict) -> str:
-    lines = ["| " + " | ".join(h for _, h in COLS) + " |", "|" + "---|" * len(COLS)]
+SHORT = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("held_pct", "held %"),
+         ("ckpt_equal", "ckpt equal"), ("step_plain_s", "step s, save in flight"),
+         ("offload_wait_s", "offload wait s"), ("host_peak_gib", "host peak GiB")]
+
+
+def markdown(report: dict, cols=None) -> str:
+    cols = cols or COLS
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     notes = []
     for row in rows(report):
-        lines.append("| " + " | ".join(_fmt(row[k]) for k, _ in COLS) + " |")
+        lines.append("| " + " | ".join(_fmt(row[k]) for k, _ in cols) + " |")
         if row["oom_detail"] or row["error"]:
             notes.append(f"- {row['run']} (vLLM {row['vllm']}): " + "; ".join(x for x in (row["oom_detail"], row["error"]) if x))
     skipped = [r for r in runs_of(report) if "skipped" in r]
@@ -148,15 +157,36 @@ def split_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+PARTS = ("fence", "grads", "optimizer", "empty_cache")
+
+
+def parts_markdown(report: dict) -> str:
+    """offload_before_refit split (issue 22 item 6): median seconds per part over steps >= 2."""
+    lines = ["offload_before_refit in parts, median seconds over steps >= 2 (fence: colo-shim's fence, or "
+             "NeMo-RL main's finalize_async_save with whatever it runs; grads: the DDP grad buffers; params "
+             "stay on the GPU for the refit; optimizer: the optimizer state; empty_cache: gc + empty_cache).", "",
+             "| run | vLLM | " + " | ".join(PARTS) + " |", "|" + "---|" * (len(PARTS) + 2)]
+    for r in runs_of(report):
+        steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("offload_parts")]
+        if steps:
+            cells = [_fmt(_med([s["offload_parts"].get(f"before.{k}") for s in steps])) for k in PARTS]
+            lines.append(f"| {r['name']} | {r.get('vllm')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     md = "--markdown" in argv
     paths = [a for a in argv if not a.startswith("--")] or [DEFAULT]
     report = json.load(open(paths[0]))
-    if md:
+    if "--readme" in argv:
+        print(markdown(report, SHORT))
+    elif md:
         print(markdown(report))
         print()
         print(split_markdown(report))
+        print()
+        print(parts_markdown(report))
     else:
         for row in rows(report):
             print(json.dumps(row))

@@ -14,6 +14,13 @@ trainer, the engine, NVRx's writer): the driver runs the site package's `grpo_tr
   sync_save       workaround: synchronous saves, no shim (NeMo-RL v0.3-v0.7's async_save=False)
   main3322        workaround: NeMo-RL main's worker (PR #3322 blocking finalize at offload), no shim
   main3322_stage  main's worker with COLO_SHIM=1 and stage (issue 16 item 4)
+  main3322_shim   main's worker with COLO_SHIM=1 and the default release (issue 22)
+
+Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's KV cache;
+`order=before|after` (main-worker modes) adds main's checkpointer-thread call of
+`finalize_async_save` (a waiting call), reaching the trainer right after save_checkpoint returns
+(before) or right after the next offload_before_refit (after); `ckpt=disk` writes that run's
+checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm). E.g. `main3322_shim@0.7.0:4:order=after`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
 memory right after offload_after_refit in the last shim/stage run of this invocation (or
@@ -49,11 +56,23 @@ def _site_path(args, nvrx: str) -> list:
 
 
 def _parse(spec: str):
+    """`mode@nvrx:steps[:key=value...]` -> mode, nvrx, steps, options (kvdelta, order, ckpt)."""
     mode, _, rest = spec.partition("@")
-    nvrx, _, rest = rest.partition(":")
-    steps, _, opt = rest.partition(":")
-    kvdelta = float(opt.split("=", 1)[1]) if opt.startswith("kvdelta=") else 0.0
-    return mode, nvrx or "0.7.0", int(steps or 4), kvdelta
+    nvrx, *parts = rest.split(":")
+    steps = parts.pop(0) if parts else ""
+    opts = dict(part.split("=", 1) for part in parts if part)
+    unknown = set(opts) - {"kvdelta", "order", "ckpt"}
+    if unknown or opts.get("order", "before") not in ("before", "after") or opts.get("ckpt", "disk") != "disk":
+        raise SystemExit(f"bad run spec {spec!r}: options are kvdelta=N, order=before|after, ckpt=disk")
+    opts["kvdelta"] = float(opts.get("kvdelta", 0.0))
+    return mode, nvrx or "0.7.0", int(steps or 4), opts
+
+
+def _name(mode, nvrx, opts) -> str:
+    extra = [f"kv{opts['kvdelta']:+g}"] if opts["kvdelta"] else []
+    extra += [f"order={opts['order']}"] if opts.get("order") else []
+    extra += ["disk"] if opts.get("ckpt") else []
+    return f"{mode}@{nvrx}" + "".join(" " + e for e in extra)
 
 
 def orchestrate(args) -> int:
@@ -61,8 +80,10 @@ def orchestrate(args) -> int:
     start = time.monotonic()
     os.makedirs(args.out, exist_ok=True)
     for spec in args.runs.split(","):
-        mode, nvrx, steps, kvdelta = _parse(spec)
-        name = f"{mode}@{nvrx}" + (f" kv{kvdelta:+g}" if kvdelta else "")
+        mode, nvrx, steps, opts = _parse(spec)
+        kvdelta, name = opts["kvdelta"], _name(mode, nvrx, opts)
+        ckpt_dir = args.disk_dir if opts.get("ckpt") else args.ckpt_dir
+        tag = name.split("@", 1)[1].replace(" ", "-").replace("=", "")
         left = args.budget_s - (time.monotonic() - start)
         if left < 45:
             results.append({"name": name, "mode": mode, "nvrx": nvrx, "skipped": f"budget: {left:.0f}s left", "steps": []})
@@ -88,8 +109,8 @@ def orchestrate(args) -> int:
             env["COLO_SHIM"] = "1"
             if release:
                 env["COLO_SHIM_NVRX_RELEASE"] = release
-        progress = os.path.join(args.out, f"progress-{mode}-{nvrx}{'-kv' if kvdelta else ''}.json")
-        work = os.path.join(args.work, f"{mode}-{nvrx}")
+        progress = os.path.join(args.out, f"progress-{mode}-{tag}.json")
+        work = os.path.join(args.work, f"{mode}-{tag}")
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
         for p in (progress,):
@@ -97,10 +118,13 @@ def orchestrate(args) -> int:
                 os.remove(p)
         cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--mode", mode, "--name", name, "--nvrx", nvrx,
                "--steps", str(steps), "--size", args.size, "--val-period", str(args.val_period), "--progress", progress,
-               "--work", work, "--ckpt-dir", args.ckpt_dir, "--kv-bytes", str(kv or 0), "--kv-rule", str(rule)]
+               "--work", work, "--ckpt-dir", ckpt_dir, "--kv-bytes", str(kv or 0), "--kv-rule", str(rule),
+               "--ckpt-medium", "disk" if opts.get("ckpt") else "shm"] + (["--order", opts["order"]] if opts.get("order") else [])
         shm_before = set(os.listdir("/dev/shm"))
         t0 = time.monotonic()
-        log = open(os.path.join(args.out, f"log-{mode}-{nvrx}.txt"), "w")
+        log_path = os.path.join(args.out, f"log-{mode}-{tag}.txt")
+        os.makedirs(ckpt_dir, exist_ok=True)
+        log = open(log_path, "w")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         try:
             rc = proc.wait(timeout=min(args.per_run_s, left))
@@ -116,7 +140,7 @@ def orchestrate(args) -> int:
         # buffers: whatever this run left in /dev/shm would fill the next run's host memory.
         # Its checkpoints always go; other new /dev/shm entries (NVRx / colo-shim staging) only with
         # --clean-shm, on a machine this harness has to itself (the GPU lease), never on a shared one.
-        shutil.rmtree(os.path.join(args.ckpt_dir, f"e2e_{proc.pid}"), ignore_errors=True)
+        shutil.rmtree(os.path.join(ckpt_dir, f"e2e_{proc.pid}"), ignore_errors=True)
         leftover = sorted(set(os.listdir("/dev/shm")) - shm_before)
         for entry in leftover if args.clean_shm else ():
             path = os.path.join("/dev/shm", entry)
@@ -129,7 +153,7 @@ def orchestrate(args) -> int:
             row["error"] = f"driver exit {rc}; see log"
         row["wall_s"] = round(time.monotonic() - t0, 1)
         row["shm_left_behind"] = len(leftover)
-        row["log_tail"] = open(os.path.join(args.out, f"log-{mode}-{nvrx}.txt")).read()[-1500:] if row.get("error") else None
+        row["log_tail"] = open(log_path).read()[-1500:] if row.get("error") else None
         if shim and row.get("free_after_offload_gib"):
             measured_free.append(min(row["free_after_offload_gib"]))
         results.append(row)
@@ -191,7 +215,8 @@ def merge(paths, out) -> int:
             if "skipped" not in row:
                 _fill_failed_wake(row)
                 runs[(row["name"], row.get("vllm"))] = dict(row, source=os.path.relpath(path, REPO) if path.startswith(REPO) else path)
-    order = {m: i for i, m in enumerate(("noshim", "shim", "stage", "stage_nopin", "sync_save", "main3322", "main3322_stage"))}
+    order = {m: i for i, m in enumerate(("noshim", "shim", "stage", "stage_nopin", "sync_save", "main3322",
+                                         "main3322_shim", "main3322_stage"))}
     report = sorted(runs.values(), key=lambda r: (r.get("vllm") != "0.26.0", r.get("nvrx") != "0.7.0", order.get(r.get("mode"), 99), r["name"]))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
@@ -214,6 +239,9 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/colo_e2e_out")
     ap.add_argument("--work", default="/tmp/colo_e2e")
     ap.add_argument("--ckpt-dir", default="/dev/shm")
+    ap.add_argument("--disk-dir", default="/var/tmp/colo_e2e_ckpt", help="checkpoints of runs with ckpt=disk")
+    ap.add_argument("--ckpt-medium", default="shm")
+    ap.add_argument("--order", default=None, choices=("before", "after"))
     ap.add_argument("--progress", default=None)
     ap.add_argument("--kv", default="auto")
     ap.add_argument("--kv-bytes", type=int, default=0)

@@ -334,6 +334,7 @@ def report_probe(worker) -> dict:
 
     st = worker.state
     out = {"fence": _shim_totals(), "finalize_in_offload_s": worker.timings["finalize_in_offload_s"],
+           "fence_in_finalize_s": worker.timings["fence_in_finalize_s"], "offload_parts": dict(worker.parts),
            "pinned": pinned_bytes(), "params": st.params, "registered": _registered_bytes()}
     if st.gpu:
         free, total = torch.cuda.mem_get_info()

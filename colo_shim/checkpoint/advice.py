@@ -34,6 +34,20 @@ def _host_tensors(version) -> str:
     return "this NVRx passes host tensors live: the fence waits for every save, host-only ones too"
 
 
+def _while_writing_row(version: str, configured: str) -> dict:
+    """Whether an offload can release the writer while its write goes on, or must wait for it."""
+    row = dict(name="nvrx", target="release while writing (side door)", installed_version=version)
+    if configured not in ("inplace", "stage"):
+        return dict(row, status="no", reason=f"{release.ENV}={configured}: the release waits for the write")
+    if version not in ("0.6.0", "0.7.0"):
+        return dict(row, status="no", reason=f"NVRx {version}: an offload waits for the write in flight "
+                                             "(released in place only on 0.6.0 and 0.7.0)")
+    return dict(row, status="yes", reason=(
+        "an offload does not wait for the write; it falls back to waiting, with one warning, where NVRx's "
+        "worker cannot import colo_shim (it is spawned with this interpreter and sys.path) or does not "
+        f"answer within {release.door.ACK_ENV}; see release_fallbacks_by_cause in `doctor --from`"))
+
+
 def recommend(version: str | None, shm_budget: int | None, ckpt_bytes: int | None = None) -> tuple:
     """(strategy, why) for this NVRx, this rank's share of /dev/shm, and the checkpoint size if known."""
     if version is None:
@@ -74,6 +88,7 @@ def rows(ckpt_bytes: int | None = None) -> list[dict]:
                         status="tested" if tested else "untested",
                         reason=("tested on this release" if tested else
                                 f"untested build {version}: inplace and stage release CUDA writers by restart")))
+        out.append(_while_writing_row(version, configured))
         try:
             out.append(dict(name="nvrx", target="saves holding no GPU memory", installed_version=version,
                             status="left writing" if "left writing" in _host_tensors(version) else "waited for",

@@ -1,39 +1,39 @@
-"""colo_shim.fence(): finish the pending async saves that hold GPU memory, then make writers let go.
+"""colo_shim.fence(): make checkpoint writers let go of GPU storage before it is replaced.
 
-Colocated RL replaces training storage (offload, reload) between saves. An async save still in
-flight, or a persistent NVRx writer that cached CUDA IPC handles, keeps the old storage alive
-(held GPU memory) or writes stale values. The fence runs first in every entry point that replaces
-storage (families `megatron`, `nvrx`) and can be called by hand.
+Colocated RL replaces training storage (offload, reload) between saves. A persistent NVRx writer
+that cached CUDA IPC handles keeps the old storage alive (held GPU memory) or writes stale values.
+The fence runs first in every entry point that replaces storage (families `megatron`, `nvrx`) and
+can be called by hand.
 
-Only writers that may hold GPU memory are waited for (issue 11): a save whose worker was sent no
-CUDA tensors, on an NVRx version where the host tensors were snapshotted at schedule time, goes on
-writing and completes through the job's own finalize. Everything the shim cannot inspect (other
-queues, NVRx < 0.6, whose host tensors are live) is still finished here.
+It does not wait for a write in flight (issue 22): when NVRx's `save` returns, its worker has
+already copied every byte to host memory, so the writer drops its CUDA references through its side
+door (release.py, door.py) and the write goes on. Saves in flight stay pending for the job's own
+finalize. The fence waits only where it must: for a device-to-host copy still running on another
+thread, for the writer's acknowledgement, and, in the fallbacks, for the write (a writer without
+the door, an untested NVRx, NVRx < 0.6 whose host tensors are live). It never finalizes an NVRx
+save: a finalize gathers across ranks, so a rank that finalized alone would leave that gather
+unmatched; its only collective-free choices can differ between ranks. Queues colo-shim cannot
+release (megatron-core's own) are still finalized here, without collectives, as before: their
+pending count is the same on every rank.
 
-A slow, healthy write must not kill the job: by default the fence waits as upstream's blocking
-finalize does, warning every COLO_SHIM_FENCE_WARN_EVERY seconds (60) with the rank, the queue and
-the bytes in flight; COLO_SHIM_FENCE_TIMEOUT > 0 opts into raising FenceTimeout instead.
-
-A fence with nothing to wait for does no collective and takes microseconds. Finalizing holds
-state.lock, which the NVRx wrapper also takes around the host's own finalize calls: a host thread
-(a background checkpoint finalizer) and the fence never finalize the same call or race on comp_q.
-A fence run by a save's own finalize function (an offload called from it) finalizes nothing: it
-waits for the later saves' writes and leaves their finalize to the loop already running, in order.
+A slow, healthy write must not kill the job: where the fence does wait, it waits as upstream's
+blocking finalize does, warning every COLO_SHIM_FENCE_WARN_EVERY seconds (60) with the rank, the
+queue and the bytes in flight; COLO_SHIM_FENCE_TIMEOUT > 0 opts into raising FenceTimeout instead.
+A fence with nothing to release does no work and takes microseconds.
 """
 
 from __future__ import annotations
 
 import logging
-import queue as _queue
 import sys
 import time
 from dataclasses import dataclass, field
 
-from colo_shim.checkpoint import state
+from colo_shim.checkpoint import release, state
 from colo_shim.core import config
-from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: the fence's public helpers)
-    TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _totals, bytes_in_flight, describe, forget_release,
-    live_queues, lock, must_wait, note_cuda_sent, pending, rank, totals, track_holder, track_queue,
+from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: used by tests and benches)
+    TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _totals, bytes_in_flight, describe, live_queues, lock,
+    must_wait, note_cuda_sent, pending, rank, totals,
 )
 
 log = logging.getLogger("colo_shim.nvrx")
@@ -90,12 +90,8 @@ class Wait:
         self._delay = min(self._delay * 2, 0.02)
 
 
-def _worker_dead(queue) -> bool:
-    caller = getattr(queue, "persistent_caller", None)
-    proc = getattr(caller, "process", None)
-    if proc is None or proc.is_alive():
-        return False
-    return getattr(caller, "cur_item", None) is None and caller.comp_q.empty()
+def _is_nvrx(queue) -> bool:
+    return type(queue).__module__.startswith("nvidia_resiliency_ext") and hasattr(queue, "persistent_caller")
 
 
 def _acquire(wait: Wait, queue) -> None:
@@ -104,7 +100,7 @@ def _acquire(wait: Wait, queue) -> None:
 
 
 def _finalize(queue, wait: Wait) -> int:
-    """Finish this queue's pending saves; checkpoint-write errors propagate unchanged."""
+    """Finish a queue colo-shim cannot release (megatron-core's own); write errors propagate."""
     done = 0
     _acquire(wait, queue)
     try:
@@ -112,43 +108,14 @@ def _finalize(queue, wait: Wait) -> int:
             done += len(queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
             if not pending(queue):
                 return done
-            if _worker_dead(queue):
-                done += len(queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
-                if not pending(queue):
-                    return done
+            caller = getattr(queue.async_calls[0], "async_caller", None)
+            proc = getattr(caller, "process", None)
+            if proc is not None and not proc.is_alive() and caller.comp_q.empty() and caller.cur_item is None:
                 raise CheckpointWorkerDied(f"colo_shim fence: rank {rank()}: checkpoint worker exited with a "
                                            f"save pending on {describe(queue)}")
             wait.tick(queue)
     finally:
         lock.release()
-
-
-def _await_writes(queue, wait: Wait) -> None:
-    """Wait until the worker wrote every pending save, finalizing none: the finalize running on this
-    thread, then NVRx's own loop, finalize them in order. Completions read are handed back."""
-    from colo_shim.checkpoint import worker
-
-    for caller in {id(c.async_caller): c.async_caller for c in queue.async_calls}.values():
-        owed = sum(1 for c in queue.async_calls if c.async_caller is caller)
-        comp_q = getattr(caller, "comp_q", None)
-        while comp_q is None and caller.process is not None and caller.process.is_alive():
-            wait.tick(queue)  # a temporal worker: one write per process
-        have = (caller.cur_item is not None) + len(state._handed_back.get(caller, ())) if comp_q is not None else owed
-        while have < owed:
-            try:
-                got = comp_q.get(timeout=0.05)
-            except _queue.Empty:
-                got = None
-            if got == worker.MARKER and state._owed.get(caller, 0) > 0:
-                state._owed[caller] -= 1
-            elif got is not None:
-                state.hand_back(caller, got)
-                have += 1
-            elif _worker_dead(queue):
-                raise CheckpointWorkerDied(f"colo_shim fence: rank {rank()}: checkpoint worker exited with a "
-                                           f"save pending on {describe(queue)}")
-            else:
-                wait.tick(queue)
 
 
 def _free_bytes():
@@ -162,7 +129,7 @@ def _free_bytes():
 
 
 def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
-    """Finish pending saves that may hold GPU memory on every live queue, then release those writers."""
+    """Make every live writer that may hold GPU memory let go of it; saves in flight keep writing."""
     start = time.perf_counter()
     _totals["fences"] += 1
     queues = live_queues()
@@ -175,43 +142,51 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
     report = FenceReport(reason, 0, len(queues), not_waited=skipped)
     free_before = _free_bytes()
     wait = wait or Wait()
-    nested = lock.held_here()  # inside a save's finalize function: later saves must wait their turn
+    while state.copying_elsewhere():  # its device-to-host copy reads the storage about to go
+        wait.tick(None, "a checkpoint copy to host on another thread", where="a save being scheduled")
     for queue in busy:
-        if pending(queue):
-            if nested:
-                _await_writes(queue, wait)
-            else:
-                report.calls_finalized += _finalize(queue, wait)
-    holding = [q for q in busy if q in state._cuda_sent]
-    if holding:
-        from colo_shim.checkpoint import release
-
-        for queue in holding:
-            if nested and pending(queue) and not release.drops_in_place():
-                log.warning("colo_shim fence(%s) inside a checkpoint finalize: the %s release would finalize "
-                            "later saves first; left to the next fence", reason, release.strategy())
-                continue
-            try:
-                how = release.release(queue, wait)
-            except (FenceTimeout, CheckpointWorkerDied):
-                raise
-            except Exception as exc:  # our own release logic must never break the job
-                log.warning("colo_shim: release of %s failed, memory may stay held: %s: %s",
-                            describe(queue), type(exc).__name__, exc)
-                continue
-            forget_release(queue)  # released, or the strategy says leave it (none / not NVRx)
+        if not _is_nvrx(queue):
+            if pending(queue):
+                if lock.held_here():  # inside a save's finalize: later saves must wait their turn
+                    release.await_writes(queue, wait)
+                else:
+                    report.calls_finalized += _finalize(queue, wait)
+            state.forget_release(queue)
+            continue
+        if queue in state._cuda_sent:
+            how = _release(queue, wait, reason)
             if how:
                 report.released.append(how)
-        if report.released:
-            release.collect_cuda()
+        if pending(queue) and state.host_snapshotted():
+            release.check_alive(queue)  # a save left writing on a dead writer would hang the next finalize
+            state.note_left_writing(queue)
+            report.not_waited += 1
+        elif pending(queue):
+            release.await_writes(queue, wait)  # NVRx < 0.6: the write reads live host tensors
+    if report.released:
+        release.collect_cuda()
     free_after = _free_bytes()
     report.bytes_released = (free_after - free_before) if free_before is not None and free_after else None
     _timed(report, start)
     _totals["finalized"] += report.calls_finalized
     _totals["released"] += len(report.released)
     log.info("colo_shim fence(%s): finalized %d, released %s, %s bytes, %d left writing, %.3fs", reason,
-             report.calls_finalized, report.released or "nothing", report.bytes_released, skipped, report.seconds)
+             report.calls_finalized, report.released or "nothing", report.bytes_released, report.not_waited,
+             report.seconds)
     return report
+
+
+def _release(queue, wait: Wait, reason: str) -> str | None:
+    try:
+        how = release.release(queue, wait)
+    except (FenceTimeout, CheckpointWorkerDied):
+        raise
+    except Exception as exc:  # our own release logic must never break the job
+        log.warning("colo_shim: release of %s before %s failed, memory may stay held: %s: %s",
+                    describe(queue), reason, type(exc).__name__, exc)
+        return None
+    state.forget_release(queue)  # released, or the strategy says leave it (none)
+    return how
 
 
 def _timed(report: FenceReport, start: float) -> FenceReport:
@@ -223,8 +198,6 @@ def _timed(report: FenceReport, start: float) -> FenceReport:
 
 def rewarm(reason: str = "") -> int:
     """After storage came back: start writers released by the `restart` strategy (non-blocking)."""
-    from colo_shim.checkpoint import release
-
     return release.rewarm(reason)
 
 

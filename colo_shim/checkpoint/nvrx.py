@@ -3,11 +3,14 @@
 What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoint-fence.md):
 - AsyncCallsQueue.__init__: 0.4.1 has no instance tracker, so the fence could not find its queues.
 - AsyncCallsQueue.schedule_async_request: records what each save sent: CUDA tensors (then the
-  fence must finish and release that writer), only host data that NVRx or the shim snapshotted
-  (then the fence leaves it writing), the cache keys sent with data (what an in-place drop must
-  free) and its bytes (named while the fence waits). With COLO_SHIM_NVRX_RELEASE=stage it starts
-  the worker in NVRx's CPU shared-memory mode, so the writer opens no CUDA context. Every schedule
-  (re)installs the shm drain that NVRx's close() removes (checkpoint/stage.py, ensure_drain).
+  fence must release that writer), only host data that NVRx or the shim snapshotted (then the fence
+  leaves it writing), the cache keys sent with data (what a drop must free) and its bytes (named
+  while the fence waits). It wraps the save's preload_fn (worker.Preload: the writer's side door,
+  door.py) and, once `save` returned (the copy to host is done), drops the trainer's own references
+  to the CUDA tensors it sent, so that a write in flight pins no replaced storage on either side.
+  With COLO_SHIM_NVRX_RELEASE=stage it starts the worker in NVRx's CPU shared-memory mode, so the
+  writer opens no CUDA context. Every schedule (re)installs the shm drain that NVRx's close()
+  removes (checkpoint/stage.py, ensure_drain).
 - AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host
   thread finalizing (NeMo-RL's background checkpoint finalizer) and the fence never race.
 - PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
@@ -32,7 +35,7 @@ import queue as _queue
 import sys
 
 from colo_shim.core.registry import Patch, Target
-from colo_shim.checkpoint import release, stage, state, worker
+from colo_shim.checkpoint import door, release, stage, state, worker
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -42,7 +45,6 @@ DIST = "nvidia-resiliency-ext"
 RANGE = ">=0.4.1,<0.9"
 
 _MAX_DEPTH = 10
-_snapshot_wrapper_ran = False  # the 0.6.0 prepare_write_data wrapper cloned host tensors in this process
 
 
 def declaration() -> Patch:
@@ -114,13 +116,30 @@ def _scan(obj, acc: dict | None = None, depth: int = 0) -> dict:
     return acc
 
 
-def _host_snapshotted() -> bool:
-    """Whether host tensors of a save were copied at schedule time (0.7.0 upstream, 0.6.0 by us)."""
-    writer = getattr(sys.modules.get(FS), "FileSystemWriterAsync", None)
-    return hasattr(writer, "_cached_tensor_data_ptrs") or _snapshot_wrapper_ran
+def _strip_cuda(obj, depth: int = 0) -> int:
+    """Replace CUDA tensors in the request's (and so the writer's) lists by None; how many."""
+    torch = sys.modules.get("torch")
+    if torch is None or depth > _MAX_DEPTH:
+        return 0
+    if isinstance(obj, functools.partial):
+        return _strip_cuda(obj.args, depth + 1) + _strip_cuda(obj.keywords, depth + 1)
+    if isinstance(obj, dict):
+        return sum(_strip_cuda(v, depth + 1) for v in obj.values())
+    if not isinstance(obj, (list, tuple)):
+        return 0
+    dropped = 0
+    for i, item in enumerate(obj):
+        if isinstance(item, torch.Tensor):
+            if item.device.type == "cuda" and isinstance(obj, list):
+                obj[i] = None
+                dropped += 1
+        else:
+            dropped += _strip_cuda(item, depth + 1)
+    return dropped
 
 
 def _schedule(wrapped, instance, args, kwargs):
+    preload = None
     try:
         request = args[0] if args else kwargs.get("async_request")
         acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
@@ -134,10 +153,27 @@ def _schedule(wrapped, instance, args, kwargs):
             for key in acc["keys"]:
                 state.key_bytes[key] = acc["bytes"]
             nbytes = acc["bytes"] + sum(state.key_bytes.get(k, 0) for k in acc["reused"] - acc["keys"])
-            state.note_save(instance, nbytes, acc["keys"], cpu_only=not acc["cuda"] and _host_snapshotted())
+            state.note_save(instance, nbytes, acc["keys"], cpu_only=not acc["cuda"] and state.host_snapshotted())
+            wrapped_request = door.wrap(request)
+            if wrapped_request is not request:
+                preload = wrapped_request.preload_fn
+                args, kwargs = ((wrapped_request,) + tuple(args[1:]), kwargs) if args else \
+                    ((), dict(kwargs, async_request=wrapped_request))
     except Exception as exc:
         log.warning("colo_shim: cannot inspect async request: %s: %s", type(exc).__name__, exc)
-    return wrapped(*args, **kwargs)
+    state.copying(+1)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        state.copying(-1)
+    if preload is not None and preload.fn is not None:
+        try:  # schedule returned after the worker's copy to host: these references serve nothing now
+            _strip_cuda(preload.fn)
+            preload.forget()
+        except Exception as exc:
+            log.warning("colo_shim: cannot drop the trainer's references of a scheduled save: %s: %s",
+                        type(exc).__name__, exc)
+    return result
 
 
 def _serialized(wrapped, instance, args, kwargs):
@@ -238,7 +274,6 @@ def _drop_moved_key(writer, plan, planner) -> None:
 
 def _snapshot_host_tensors(writer) -> None:
     """NVRx 0.6.0 hands contiguous CPU tensors to the worker live (#376); copy them as 0.7.0 does."""
-    global _snapshot_wrapper_ran
     torch = sys.modules["torch"]
     uncached = getattr(writer, "uncached_tensor_data", None)
     if uncached:
@@ -246,7 +281,7 @@ def _snapshot_host_tensors(writer) -> None:
         writer.uncached_tensor_data = (items, [t.clone() if isinstance(t, torch.Tensor) and t.device.type == "cpu"
                                                and t.untyped_storage().nbytes() == t.numel() * t.element_size()
                                                else t for t in data])
-    _snapshot_wrapper_ran = True
+    state.snapshot_wrapper_ran = True
 
 
 def _prepare_write_data(wrapped, instance, args, kwargs):
@@ -266,7 +301,8 @@ def _prepare_write_data(wrapped, instance, args, kwargs):
 
 
 def _report() -> dict:
-    return dict(state.totals(), release=release.strategy(), sent_keys=len(state.sent_ptrs), **stage.report())
+    return dict(state.totals(), release=release.strategy(), release_fallbacks_by_cause=dict(release.fallbacks),
+                sent_keys=len(state.sent_ptrs), **stage.report())
 
 
 PATCH = declaration()

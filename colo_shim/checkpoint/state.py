@@ -1,4 +1,5 @@
-"""What the fence knows between calls: the live checkpoint queues, which were sent CUDA tensors.
+"""What the fence knows between calls: the live checkpoint queues, which were sent CUDA tensors,
+which saves are being copied to host right now.
 
 Kept apart from the fence itself because three places feed it (the NVRx constructor and
 schedule wrappers, the megatron-core and Megatron-Bridge constructors) and the release
@@ -77,6 +78,9 @@ class FenceTimeout(RuntimeError):
 class CheckpointWorkerDied(RuntimeError):
     """The persistent checkpoint worker exited with a save still pending."""
 
+_copying: dict = {}  # thread ident -> saves being scheduled there (their device-to-host copy runs)
+snapshot_wrapper_ran = False  # colo-shim's NVRx 0.6.0 wrapper cloned a save's host tensors in this process
+_FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 sent_ptrs: dict = {}  # NVRx cache key -> storage pointers of the CUDA tensors last sent under it
 key_bytes: dict = {}  # NVRx cache key -> bytes last sent with it (a reusing save sends none)
 
@@ -103,6 +107,33 @@ def note_save(queue, nbytes: int, keys=(), cpu_only: bool = False) -> None:
         _cpu_only.add(queue)
     else:
         _cpu_only.discard(queue)
+
+
+def copying(delta: int) -> None:
+    """A save's schedule (its device-to-host copy) starts (+1) or ends (-1) on this thread."""
+    me = threading.get_ident()
+    left = _copying.get(me, 0) + delta
+    if left > 0:
+        _copying[me] = left
+    else:
+        _copying.pop(me, None)
+
+
+def copying_elsewhere() -> bool:
+    me = threading.get_ident()
+    return any(ident != me for ident in list(_copying))
+
+
+def host_snapshotted() -> bool:
+    """Whether a save's host tensors were copied at schedule time (NVRx 0.7.0 itself, 0.6.0 by
+    colo-shim): then a write in flight reads nothing the job still changes."""
+    writer = getattr(sys.modules.get(_FS), "FileSystemWriterAsync", None)
+    return hasattr(writer, "_cached_tensor_data_ptrs") or snapshot_wrapper_ran
+
+
+def note_left_writing(queue) -> None:
+    """The writer let go of the GPU; its pending saves read only host copies until they finish."""
+    _cpu_only.add(queue)
 
 
 def must_wait(queue) -> bool:

@@ -1,20 +1,42 @@
-"""Runs inside the NVRx persistent checkpoint worker (sent there as an async request).
+"""Runs inside the NVRx persistent checkpoint worker (reached there by pickled reference).
 
 Kept tiny and free of colo_shim imports: it is unpickled by reference in a spawned worker that
 may not have the shim active, and it must not import anything the worker does not already have.
 
-The worker loop throws the function's return value away, so what was freed is written into
-`report`, a small CPU tensor the request carries (torch shares it with the trainer through shared
-memory): the fence reads it after the marker comes back and checks it against what it sent.
+Why it exists: NVRx's worker loop is single-threaded, so a request put on its queue runs only
+after the write in front of it, and the offload that must free GPU memory would wait for the whole
+write. But once `preload_fn` returned, the write reads only host copies; what still pins GPU memory
+is bookkeeping (the worker's `_worker_data_cache` and the in-flight request's own references). So:
+
+- `Preload` wraps a save's `preload_fn`: after the device-to-host copy it drops the request's
+  references (the write never reads them again), and the first time it runs in a worker it opens a
+  side door, a thread on an abstract unix socket, that the trainer can knock on while the worker's
+  main thread is writing.
+- A knock ("<secret> drop") clears the worker's data cache once no copy is running, collects, and
+  answers with what it freed, as one JSON line. The trainer then runs `torch.cuda.ipc_collect()`.
+- `drop_cached_tensors` is the same release sent the old way, down the worker's own queue (the
+  fallback when the side door is not open); its `report` tensor is shared with the trainer.
 """
 
 import gc
+import json
+import socket
 import sys
+import threading
+import weakref
 
-MARKER = -7_000_001  # call_idx of the drop request; never a real checkpoint index
+MARKER = -7_000_001  # call_idx of a queued drop request; never a real checkpoint index
 # report slots: the function ran, the worker cache attribute exists, entries, tensors, CUDA tensors, bytes
 RAN, FOUND, ENTRIES, TENSORS, CUDA, BYTES = range(6)
 SLOTS = 6
+_CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+_copying = threading.Lock()  # held while a save's device-to-host copy runs in this worker
+_door = None  # (address, listening socket) of this worker's side door, once opened
+
+
+def address(pid: int, token: str) -> str:
+    """The side door of worker `pid`: abstract namespace, so nothing is left on disk if it dies."""
+    return f"\0colo-shim-nvrx-{pid}-{token}"
 
 
 def _tensors(obj, out, depth=0):
@@ -30,22 +52,84 @@ def _tensors(obj, out, depth=0):
     return out
 
 
-def drop_cached_tensors(report=None, *_args, **_kwargs) -> None:
-    """Forget the tensors the worker keeps (0.6+: its data cache; 0.4.1: the last request)."""
-    core = sys.modules.get("nvidia_resiliency_ext.checkpointing.async_ckpt.core")
-    cache = getattr(getattr(core, "PersistentAsyncCaller", None), "_worker_data_cache", None)
+def _forget_cache() -> list:
+    """Forget the tensors the worker keeps (0.6+: its data cache); the counts say what went."""
+    cache = getattr(getattr(sys.modules.get(_CORE), "PersistentAsyncCaller", None), "_worker_data_cache", None)
     found = isinstance(cache, dict)
     held = _tensors(list(cache.values()), []) if found else []
-    counts = {RAN: 1, FOUND: int(found), ENTRIES: len(cache) if found else 0, TENSORS: len(held),
-              CUDA: sum(1 for t in held if t.device.type == "cuda"),
-              BYTES: sum(t.untyped_storage().nbytes() for t in held)}
+    counts = [1, int(found), len(cache) if found else 0, len(held),
+              sum(1 for t in held if t.device.type == "cuda"), sum(t.untyped_storage().nbytes() for t in held)]
+    alive = [weakref.ref(t) for t in held if t.device.type == "cuda"]
     del held
     if found:
         cache.clear()
-    gc.collect()
+    if any(ref() is not None for ref in alive):  # a cycle still holds GPU memory: a full collection (~0.1 s)
+        gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    return counts
+
+
+def drop_cached_tensors(report=None, *_args, **_kwargs) -> None:
+    """The queued release (fallback): runs between writes, on the worker's main thread."""
+    counts = _forget_cache()
     if report is not None:
-        for slot, value in counts.items():
+        for slot, value in enumerate(counts):
             report[slot] = value
+
+
+class Preload:
+    """A save's preload_fn, wrapped: same result, then no reference to the tensors it copied."""
+
+    def __init__(self, fn, token: str, secret: str):
+        self.fn, self.token, self.secret = fn, token, secret
+
+    def __call__(self):
+        _open_door(self.token, self.secret)
+        with _copying:
+            try:
+                return self.fn()
+            finally:
+                self.fn = None
+
+    def forget(self) -> None:
+        self.fn = None
+
+
+def _open_door(token: str, secret: str) -> None:
+    global _door
+    import os
+
+    where = address(os.getpid(), token)
+    if _door is not None and _door[0] == where:
+        return
+    torch = sys.modules.get("torch")
+    device = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(where)
+    sock.listen(4)
+    _door = (where, sock)
+    threading.Thread(target=_serve, args=(sock, secret, device), name="colo-shim-release", daemon=True).start()
+
+
+def _serve(sock, secret: str, device) -> None:
+    """One knock per connection; anything but our secret is ignored. Never raises into the worker."""
+    if device is not None:
+        sys.modules["torch"].cuda.set_device(device)
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                conn.settimeout(30)
+                line = conn.makefile("r").readline().strip()
+                if line != f"{secret} drop":
+                    continue
+                with _copying:  # a copy still running finishes first: it reads the cache
+                    counts = _forget_cache()
+                conn.sendall((json.dumps(counts) + "\n").encode())
+            except Exception:  # the trainer falls back to the queued release when no answer comes
+                continue

@@ -19,9 +19,10 @@ LOG_LEVEL = "COLO_SHIM_LOG_LEVEL"
 STATUS_DIR = "COLO_SHIM_STATUS_DIR"
 FENCE_TIMEOUT = "COLO_SHIM_FENCE_TIMEOUT"
 FENCE_WARN_EVERY = "COLO_SHIM_FENCE_WARN_EVERY"
+NVRX_ACK_TIMEOUT = "COLO_SHIM_NVRX_ACK_TIMEOUT"
 # read only when a fence waits, which may be hours into a job: checked at arm time too, so a bad
 # value gets its word when the process starts
-SECONDS = (FENCE_TIMEOUT, FENCE_WARN_EVERY)
+SECONDS = (FENCE_TIMEOUT, FENCE_WARN_EVERY, NVRX_ACK_TIMEOUT)
 EXIT_STRICT = 2
 
 _OFF = ("", "0", "off", "false", "no")

@@ -1,6 +1,7 @@
 """Issue 8 item 7: a slow, healthy checkpoint write does not crash the job.
 
-The fence waits as upstream's blocking finalize does and warns every COLO_SHIM_FENCE_WARN_EVERY
+Where the fence still waits for a write (issue 22: a writer whose side door is not open, here by
+a changed door token), it waits as upstream's blocking finalize does and warns every COLO_SHIM_FENCE_WARN_EVERY
 seconds (60) with the rank, the queue and the bytes in flight. Time is a clock the scenario drives
 (each poll advances it), so the number and text of the warnings are exact, not timing-dependent.
 """
@@ -16,7 +17,7 @@ def test_slow_write_past_old_600s_default_waits_and_warns_each_minute():
                         timeout=150).result
     assert result["raised"] is None, result
     assert result["clock_at_end"] == 671
-    assert result["report"]["calls_finalized"] == 1
+    assert result["report"]["calls_finalized"] == 0 and result["report"]["released"] == ["queued"]
     warnings = result["warnings"]
     assert len(warnings) == 11, warnings  # one per elapsed minute, none once the write finished
     assert "after 61s" in warnings[0] and "after 671s" in warnings[-1]

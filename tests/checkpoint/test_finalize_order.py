@@ -1,5 +1,6 @@
-"""Issue 16 item 5: the fence's lock is re-entrant, so a fence run from inside a save's finalize
-function (an offload called there) used to finalize the later save first.
+"""Issue 16 item 5: a fence run from inside a save's finalize function (an offload called there)
+used to finalize the later save first. Since issue 22 the fence finalizes nothing; the restart
+release ends only the worker (after its writes), never the queue, whose close would finalize.
 
 Real NVRx 0.7.0, real worker. Save 0's finalize function opens save 1's gate (its write was held
 until then) and fences; the host's own blocking finalize is running. Save 1 must be finalized
@@ -23,7 +24,7 @@ def test_fence_inside_a_finalize_keeps_saves_finalizing_in_order(case):
     assert result["fence"]["calls_finalized"] == 0 and result["pending_in_f0"] == 1, result
     assert len(result["host_finalized"]) == 2 and result["pending_at_end"] == 0, result
     assert result["equal"] == [True, True], result
-    if case == "cuda_inplace":  # the writer was released after save 1's write, which the fence waited for
-        assert result["fence"]["released"] == ["inplace"] and result["written_in_f0"] == 1, result
-    if case == "cuda_restart":  # closing the queue would finalize save 1 first: left to the next fence
-        assert result["fence"]["released"] == [] and "left to the next fence" in outcome.stderr
+    if case == "cuda_inplace":  # released through the side door; save 1's write was not waited for
+        assert result["fence"]["released"] == ["inplace"], result
+    if case == "cuda_restart":  # the worker ends after save 1's write; the queue's saves stay pending
+        assert result["fence"]["released"] == ["restart"] and result["written_in_f0"] == 1, result

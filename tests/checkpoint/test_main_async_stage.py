@@ -1,4 +1,5 @@
-"""Issue 16 item 4: NeMo-RL main's own finalize_async_save stays async under stage.
+"""NeMo-RL main's own finalize_async_save stays async with colo-shim's release (issue 16 item 4
+for stage, issue 22 for the default release).
 
 Real NVRx 0.7.0, real spawned worker, the main doubles of the Megatron policy worker (main's
 finalize_async_save / save_checkpoint / _requires_nvrx_cuda_cache_release) and of the checkpointer
@@ -29,11 +30,7 @@ def _bookkeeping(result):
     assert result["dirs"] == ["step_3"], result
 
 
-@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
-def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers(cls):
-    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
-    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
-    result = _run({"ray_class": cls == "ray_actor_class"}, STAGE)
+def _stayed_async(result):
     steps = result["steps"]
     for row in steps:  # the gate was still shut when both offloads returned: nobody waited
         assert row["offload_waited"] is False and row["gate_open_after_offload"] is False, row
@@ -42,17 +39,32 @@ def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers(
     _bookkeeping(result)
     pids = {r["pid_before"] for r in steps} | {r["pid_after"] for r in steps}
     assert len(pids) == 1 and None not in pids, steps  # one writer for the whole run, never closed
-    assert steps[1]["shm_before"], steps  # the staged /dev/shm buffers, from the second save on ...
-    assert steps[1]["shm_before"] == steps[1]["shm_after"] == steps[2]["shm_before"] == steps[2]["shm_after"]
-    assert result["cache_flag"] is True  # main's flag kept: a later CUDA save is still released
+    assert result["cache_flag"] is True  # main's flag kept: without the shim main would still release
     assert result["stats"] == {"offload_skipped": 6, "release_kept": 3, "unchanged": 0}
 
 
-@pytest.mark.parametrize("case", ("stage_cuda_save", "no_stage"))
-def test_main_code_runs_unchanged_when_a_save_may_hold_cuda_or_without_stage(case):
-    result = _run({"cuda": True}, STAGE) if case == "stage_cuda_save" else _run({"shm": True})
+@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
+def test_default_offload_returns_with_a_cuda_write_held_and_keeps_the_worker(cls):
+    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
+    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
+    result = _run({"ray_class": cls == "ray_actor_class", "cuda": True, "shm": True})
+    _stayed_async(result)
+    assert all(row["fence_released"] for row in result["steps"]), result["steps"]
+
+
+def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers():
+    result = _run({}, STAGE)
+    _stayed_async(result)
+    steps = result["steps"]
+    assert steps[1]["shm_before"], steps  # the staged /dev/shm buffers, from the second save on ...
+    assert steps[1]["shm_before"] == steps[1]["shm_after"] == steps[2]["shm_before"] == steps[2]["shm_after"]
+
+
+@pytest.mark.parametrize("release", ("restart", "none"))
+def test_main_code_runs_unchanged_without_a_releasing_strategy(release):
+    result = _run({"cuda": True, "shm": True}, {"COLO_SHIM_NVRX_RELEASE": release})
     for row in result["steps"]:  # main's blocking finalize waited, closed the writer, dropped the caches
         assert row["offload_waited"] is True and row["pending_after_offload"] == 0, row
-        assert row["pid_after"] is None and row["shm_after"] == [], row
+        assert row["pid_after"] is None, row
     _bookkeeping(result)
     assert result["stats"]["unchanged"] >= 3, result["stats"]

@@ -11,6 +11,5 @@ def test_main_prepare_for_lp_inference_is_fenced_by_the_shim():
     status = result["status"]
     assert status["MegatronPolicyWorkerImpl.prepare_for_lp_inference"][0] == "applied", status
     assert status["MegatronPolicyWorkerImpl.offload_before_refit"][0] == "not-needed", status
-    assert result["prepare_for_lp_inference"]["pending_after"] == 0
-    assert result["prepare_for_lp_inference"]["finalized_by_shim"] == 1  # nothing upstream finalized it
-    assert result["offload_before_refit"]["finalized_by_shim"] == 0  # main's finalize_async_save did
+    assert result["prepare_for_lp_inference"]["released"] == 1  # nothing upstream released it
+    assert result["offload_before_refit"]["released"] == 1  # in main's finalize_async_save, by the shim

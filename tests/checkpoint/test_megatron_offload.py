@@ -10,11 +10,11 @@ TARGET = {"buffer": "_ParamAndGradBuffer.offload_to_cpu", "ddp": "DistributedDat
 
 
 @pytest.mark.parametrize("mcore", ("0.16.1", "0.19.2"))
-def test_offload_finalizes_pending_save_first(mcore):
+def test_offload_releases_the_writer_first_and_leaves_the_save_writing(mcore):
     result = runner.run("offload_entry", {"shim": True, "entries": ENTRIES}, nvrx="0.7.0", mcore=mcore,
                         timeout=120).result
     for entry in ENTRIES:
-        assert result[entry]["pending_after"] == 0, (entry, result)
+        assert result[entry]["pending_after"] == 1 and result[entry]["released"] == 1, (entry, result)
         assert result["calls"].get(TARGET[entry], 0) >= 1, (entry, result["calls"])
     assert result["buffer"]["storage_freed"] and result["ddp"]["storage_freed"]
 
@@ -28,7 +28,7 @@ def test_restart_strategy_rewarms_on_reload_with_original_qos():
     outcome = runner.run("restart_rewarm", {"shim": True}, nvrx="0.7.0", timeout=120,
                          env={"COLO_SHIM_NVRX_RELEASE": "restart"})
     result = outcome.result
-    assert result["closed_at_fence"] is True
+    assert result["closed_at_fence"] is True and result["pending_at_fence"] == 1
     assert result["warm"] == {"alive": True, "cpu_shm_mode": True, "cpu_priority": 10}
     assert result["equal"] is True
     assert result["calls"]["_ParamAndGradBuffer.reload_from_cpu"] == 1

@@ -73,3 +73,29 @@ def test_main_layout_worker_reaches_the_main_async_patch(tmp_path):
     assert [s["ckpt_equal"] for s in run["steps"]] == [True, True]
     calls = run["trainer_shim"]["MegatronPolicyWorkerImpl.finalize_async_save"]
     assert calls["status"] == "applied" and calls["calls"] == 6  # three refits (step 2 also validates), two offloads each
+
+
+def test_main_checkpointer_call_in_both_orders_and_checkpoints_on_disk(tmp_path):
+    """Issue 22: main's worker with the default release; main's checkpointer-thread call of
+    finalize_async_save reaches the trainer before or after the next offload_before_refit (one run
+    each), and a run whose checkpoints go to the disk instead of /dev/shm. One orchestrator call."""
+    before, after, disk = _harness(tmp_path, "main3322_shim@0.7.0:2:order=before,main3322_shim@0.7.0:2:order=after,"
+                                             "shim@0.7.0:2:ckpt=disk")
+    for run in (before, after, disk):
+        assert "error" not in run, (run["name"], run.get("error"), run.get("log_tail"))
+        assert [s["ckpt_equal"] for s in run["steps"]] == [True, True], run["name"]
+        parts = run["steps"][1]["offload_parts"]
+        assert {"before.fence", "before.grads", "before.optimizer", "before.empty_cache"} <= set(parts), parts
+    assert (before["name"], after["name"], disk["name"]) == (
+        "main3322_shim@0.7.0 order=before", "main3322_shim@0.7.0 order=after", "shim@0.7.0 disk")
+    assert disk["ckpt_medium"] == "disk" and before["ckpt_medium"] == "shm"
+    # step 1 saves; step 2's refit offload meets it: the waiting call came before / after that offload
+    assert before["steps"][0]["trainer_calls"][-2:] == ["save_checkpoint", "finalize_async_save (checkpointer)"]
+    calls = after["steps"][1]["trainer_calls"]
+    assert calls[:2] == ["offload_before_refit", "finalize_async_save (checkpointer)"], calls
+    for run in (before, after):
+        assert run["main_finalize_order"] in ("before", "after")
+        stats = run["trainer_shim"]["MegatronPolicyWorkerImpl.finalize_async_save"]
+        assert stats["status"] == "applied", stats
+        assert all(isinstance(s.get("main_finalize_s"), float) for s in run["steps"] if s.get("trainer_calls")
+                   and "finalize_async_save (checkpointer)" in s["trainer_calls"]), run["steps"]

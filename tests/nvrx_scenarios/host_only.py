@@ -75,6 +75,8 @@ def left_writing(opts):
         after = state.totals()
         out["fence_s_added"] = after["fence_s"] - before["fence_s"]
         out["fence_max_s"] = after["fence_max_s"]
+        caller = q.persistent_caller  # a write the fence waited for: its completion, handed back to NVRx
+        out["written_at_fence_return"] = (caller.cur_item is not None) + len(state._handed_back.get(caller, ()))
     out["pending_after_fence"] = q.get_num_unfinalized_calls()
     for v in live.values():  # the next training step, while the write is still waiting on the gate
         v.mul_(-3.0).add_(1.0)
@@ -143,18 +145,21 @@ def release_check(opts):
 
 
 def drop_report(opts):
-    """The drop's own report, read directly: what the worker freed."""
+    """The drop's own report, read directly, through the side door and down the queue."""
     cs = _setup(opts)
-    from colo_shim.checkpoint import fence, release
+    from colo_shim.checkpoint import door, fence, release
 
     root = tempfile.mkdtemp()
     q = cs.make_queue(shm=True)
-    cs.async_save(q, _live(4), f"{root}/d", cached=True, shm=True)
-    cs.finalize(q)
-    freed = release._drop_in_place(q.persistent_caller, fence.Wait())
-    release.clear_training_caches(keep_shm=True)  # as release() does after a drop
+    out = {}
+    for i, how in enumerate(("door", "queued")):
+        cs.async_save(q, _live(4), f"{root}/d{i}", cached=True, shm=True)
+        cs.finalize(q)
+        out[how] = (door.knock(q.persistent_caller, fence.Wait()) if how == "door"
+                    else release._drop_queued(q.persistent_caller, fence.Wait()))
+        release.clear_training_caches(keep_shm=True)  # as release() does after a drop
     q.close()
-    return {"freed": freed}
+    return out
 
 
 def marker_order(opts):
@@ -173,7 +178,7 @@ def marker_order(opts):
     gate = f"{root}/g1"
     idx = _gated(cs, q, _live(6), f"{root}/a", gate)
     threading.Timer(0.2, lambda: open(gate, "w").close()).start()
-    release._drop_in_place(caller, fence.Wait())
+    release._drop_queued(caller, fence.Wait())
     release.clear_training_caches(keep_shm=True)  # as release() does after a drop
     out["handed_back"] = list(state._handed_back.get(caller, ()))
     out["finalized_nonblocking"] = len(q.maybe_finalize_async_calls(blocking=False, no_dist=True))
@@ -183,7 +188,7 @@ def marker_order(opts):
     _gated(cs, q, _live(7), f"{root}/b", gate2)
     ticks = iter(range(10**6))
     try:
-        release._drop_in_place(caller, fence.Wait(timeout=5, warn_every=0, clock=lambda: float(next(ticks))))
+        release._drop_queued(caller, fence.Wait(timeout=5, warn_every=0, clock=lambda: float(next(ticks))))
         out["timed_out"] = False
     except state.FenceTimeout:
         out["timed_out"] = True
@@ -225,7 +230,10 @@ def fake_clock_wait(opts):
     live = _live(9)
     gate = f"{root}/gate"
     _gated(cs, q, live, f"{root}/s", gate)
-    state.note_cuda_sent(q)  # CPU machine: play a writer holding GPU memory, which the fence must wait for
+    state.note_cuda_sent(q)  # CPU machine: play a writer holding GPU memory, which the fence must release
+    from colo_shim.checkpoint import door
+
+    door._TOKEN += "-elsewhere"  # ... and whose side door is not open: the fence waits for its write
     now, polls = [0.0], [0]
 
     def sleep(_seconds):
@@ -275,7 +283,7 @@ def finalize_race(opts):
     q.async_calls[-1].async_request.finalize_fns.append(slow_finalize)
     cs.async_save(q, _live(11), f"{root}/1", cached=True, shm=True)
     q.async_calls[-1].async_request.finalize_fns.append(lambda: events.append("f1"))
-    state.note_cuda_sent(q)  # a writer holding GPU memory: the fence must finish it
+    state.note_cuda_sent(q)  # a writer holding GPU memory: the fence releases it, finalizing nothing
     host = threading.Thread(target=lambda: events.append(("host", q.maybe_finalize_async_calls(True, True))))
     host.start()
     started.wait(60)
@@ -286,7 +294,7 @@ def finalize_race(opts):
     q.close()
     return {"at_fence_return": [e for e in at_return if isinstance(e, str)],
             "host_finalized": [e[1] for e in events if isinstance(e, tuple)],
-            "fence_finalized": report["calls_finalized"], "all": [e for e in events if isinstance(e, str)]}
+            "fence_finalized": report["calls_finalized"], "fence_released": report["released"], "all": [e for e in events if isinstance(e, str)]}
 
 
 if __name__ == "__main__":

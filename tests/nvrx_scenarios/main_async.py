@@ -86,11 +86,13 @@ def main_refit(opts):
             state.note_cuda_sent(q)  # CPU machine: play a save that went through CUDA IPC
         row = {"shm_before": _shm_ptrs(), "pid_before": _pid(q)}
         waited.clear()
+        released = state.totals()["released"]
         in_offload[0] = True
         worker.offload_before_refit()
         worker.offload_after_refit()
         in_offload[0] = False
         row["offload_waited"] = bool(waited)
+        row["fence_released"] = state.totals()["released"] - released
         row["pending_after_offload"] = q.get_num_unfinalized_calls()
         row["gate_open_after_offload"] = os.path.exists(gate[0])
         for v in live.values():  # the next training step, while the write may still be held

@@ -24,9 +24,9 @@ def _setup(opts):
             # These scenarios play a writer the fence must wait for. On this CPU machine every save
             # holds only host memory, which the fence now leaves writing (issue 11) once NVRx
             # snapshotted it; treating host tensors as live (NVRx 0.4.1/0.5.0) keeps them waited on.
-            from colo_shim.checkpoint import nvrx as shim_nvrx
+            from colo_shim.checkpoint import state as shim_state
 
-            shim_nvrx._host_snapshotted = lambda: False
+            shim_state.host_snapshotted = lambda: False
     from colo_shim.cli import saver as checkpoint_saver
 
     checkpoint_saver.init_single_rank()
@@ -65,11 +65,10 @@ def cycle(opts):
 
                 checkpoint_fence.note_cuda_sent(q)  # on CPU nothing is sent as CUDA; exercise the release path
             reports.append(colo_shim.fence(f"cycle {i}").as_dict())
-        else:
-            cs.finalize(q)
         offloaded = {k: v.to("cpu", copy=True) for k, v in live.items()}
         for v in live.values():
             v.untyped_storage().resize_(0)
+        cs.finalize(q)  # the job's own finalize (its next save's leading one): the fence finalizes nothing
         live = {k: (v + i + 1).clone() for k, v in offloaded.items()}  # reload: new storage, new values
         results.append(_equal(cs, f"{root}/c{i}", snapshot))
     cs.async_save(q, live, f"{root}/last", cached=True, shm=True)
@@ -146,7 +145,8 @@ def timeout(opts):
 
 
 def failing_write(opts):
-    """The worker's write fails: the caller sees the same CheckpointException as without the shim."""
+    """The worker's write fails: the job's own finalize raises the same CheckpointException as
+    without the shim; a fence (alone, or inside an offload) on the way raises nothing of it."""
     cs = _setup(opts)
     import colo_shim
 
@@ -154,16 +154,17 @@ def failing_write(opts):
     out = []
     for via in opts.get("vias", ["finalize"]):
         _slow_request(cs, q, _state(4), tempfile.mkdtemp() + "/f", "break", seconds=0)
+        step = via
         try:
             if via == "optimizer":
                 _chained_optimizer().offload_to_cpu()
             elif via == "fence":
                 colo_shim.fence("failing write")
-            else:
-                cs.finalize(q)
+            step = "finalize"
+            cs.finalize(q)
             out.append({"via": via, "raised": None})
         except BaseException as exc:  # torch's CheckpointException is a BaseException
-            out.append({"via": via, "raised": type(exc).__name__, "message": str(exc)[:3000],
+            out.append({"via": via, "raised": type(exc).__name__, "raised_in": step, "message": str(exc)[:3000],
                         "pending_after": q.get_num_unfinalized_calls()})
     return {"results": out}
 
@@ -208,12 +209,18 @@ def _minimal_buffer():
 
 
 def offload_entry(opts):
-    """A save is in flight each time a megatron-core entry point replaces storage."""
-    cs = _setup(opts)
+    """A save is in flight each time a megatron-core entry point replaces storage: with the shim,
+    its writer (played as one sent CUDA tensors) is released there and the save goes on writing."""
+    cs = _setup(dict(opts, host_only_left_writing=True))
+    from colo_shim.checkpoint import state
+
     q = cs.make_queue(shm=True)
     out = {}
     for entry in opts["entries"]:
         _slow_request(cs, q, _state(5), tempfile.mkdtemp() + "/o", "sleep", seconds=0.3)
+        if opts.get("shim"):
+            state.note_cuda_sent(q)
+        released = state.totals()["released"] if opts.get("shim") else 0
         buf, ddp = _minimal_buffer()
         if entry == "buffer":
             buf.offload_to_cpu(move_params=False, move_grads=True)
@@ -225,6 +232,8 @@ def offload_entry(opts):
             _chained_optimizer().offload_to_cpu()
         out[entry] = {"pending_after": q.get_num_unfinalized_calls(),
                       "storage_freed": buf.grad_data.untyped_storage().size() == 0}
+        if opts.get("shim"):
+            out[entry]["released"] = state.totals()["released"] - released
         cs.finalize(q)
     q.close()
     out["calls"] = _calls()
@@ -249,23 +258,26 @@ def restart_rewarm(opts):
     checkpoint_fence.note_cuda_sent(q)  # CPU: nothing is sent as CUDA; exercise the release path
     buf, _ = _minimal_buffer()
     buf.offload_to_cpu(move_params=False, move_grads=True)
-    closed = q.persistent_caller is None
+    caller = q.persistent_caller
+    closed = caller.process is None  # the worker ended after its write; the queue and its save stay
+    pending_at_fence = q.get_num_unfinalized_calls()
     buf.reload_from_cpu(move_params=False, move_grads=True)
-    warm = getattr(type(q), "_warmup_persistent_caller", None)
-    warm_info = None if warm is None else {"alive": warm.process.is_alive(), "cpu_shm_mode": warm.cpu_shm_mode,
-                                           "cpu_priority": warm.cpu_priority}
+    warm_info = {"alive": caller.process is not None and caller.process.is_alive(),
+                 "cpu_shm_mode": caller.cpu_shm_mode, "cpu_priority": caller.cpu_priority}
     live["w"].add_(1)
     t0 = time.monotonic()
     cs.async_save(q, live, f"{root}/b", cached=True, shm=True)
     cs.finalize(q)
     q.close()
-    return {"closed_at_fence": closed, "warm": warm_info, "equal": _equal(cs, f"{root}/b", live),
+    return {"closed_at_fence": closed, "pending_at_fence": pending_at_fence, "warm": warm_info,
+            "equal": _equal(cs, f"{root}/b", live),
             "save_after_s": time.monotonic() - t0, "calls": _calls()}
 
 
 def nemo_rl_worker(opts):
-    """NeMo-RL Megatron policy worker double: offload entry points with a save in flight."""
-    cs = _setup(opts)
+    """NeMo-RL Megatron policy worker double: offload entry points with a save in flight, its writer
+    played as one sent CUDA tensors: each entry that replaces storage must release it first."""
+    cs = _setup(dict(opts, host_only_left_writing=True))
     import importlib
 
     import torch
@@ -291,6 +303,8 @@ def nemo_rl_worker(opts):
     out = {"module": mod.__name__, "class": cls.__name__}
     for method in opts["methods"]:
         _slow_request(cs, q, _state(7), tempfile.mkdtemp() + "/n", "sleep", seconds=0.3)
+        if opts.get("shim"):
+            checkpoint_fence.note_cuda_sent(q)
         before = checkpoint_fence.totals()
         if method == "move_model_cpu":
             worker.move_model(worker.model, "cpu")
@@ -303,7 +317,8 @@ def nemo_rl_worker(opts):
         after = checkpoint_fence.totals()
         out[method] = {"pending_after": q.get_num_unfinalized_calls(),
                        "fences": after["fences"] - before["fences"],
-                       "finalized_by_shim": after["finalized"] - before["finalized"]}
+                       "finalized_by_shim": after["finalized"] - before["finalized"],
+                       "released": after["released"] - before["released"]}
         cs.finalize(q)
     import colo_shim
 
@@ -315,7 +330,8 @@ def nemo_rl_worker(opts):
 
 
 def two_ranks(opts):
-    """Two gloo ranks, each with its own worker: collective finalize, idle fences do no collective."""
+    """Two gloo ranks, each with its own worker, whose fences may decide differently (one writer's
+    side door open, the other's not): the job's collective finalize must still match on both."""
     import socket
 
     import torch.multiprocessing as mp
@@ -335,43 +351,53 @@ def two_ranks(opts):
     return {"ranks": out}
 
 
+def cpu_collectives():
+    """NVRx builds its finalize collectives' tensors on torch.cuda.current_device(); on this CPU
+    machine gloo takes the same tensors on the CPU. Only the device changes, not one collective."""
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"
+
+
 def _rank_main(rank, port, root, opts, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
     import torch
     import torch.distributed as dist
 
-    if opts.get("shim"):
-        import colo_shim
+    import colo_shim
 
-        colo_shim.install(["nvrx", "megatron"])
-        from colo_shim.checkpoint import nvrx as shim_nvrx
-
-        shim_nvrx._host_snapshotted = lambda: False  # play writers the fence must wait for (see _setup)
-    from colo_shim.checkpoint import fence as checkpoint_fence
+    colo_shim.install(["nvrx", "megatron"])
+    from colo_shim.checkpoint import door, state
     from colo_shim.cli import saver as cs
 
+    cpu_collectives()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     q = cs.make_queue(shm=True)
     torch.manual_seed(rank)
     live = {f"r{rank}.w": torch.randn(128), f"r{rank}.m": torch.randn(32)}
-    equal, finalized = [], []
+    equal, reports = [], []
     for i in range(opts.get("cycles", 2)):
         cs.async_save(q, live, f"{root}/s{i}", cached=True, shm=True)
         snapshot = {k: v.clone() for k, v in live.items()}
-        finalized.append(checkpoint_fence.fence(f"rank {rank} cycle {i}").calls_finalized)
+        state.note_cuda_sent(q)  # both writers play ones that were sent CUDA tensors
+        if opts.get("mixed") and rank == 1:
+            door._TOKEN += "-closed"  # this rank's writer has no side door: it waits for its write
+        reports.append(colo_shim.fence(f"rank {rank} cycle {i}").as_dict())
+        live = {k: v + 1 for k, v in live.items()}
+        q.maybe_finalize_async_calls(blocking=True, no_dist=False)  # the job's finalize: collectives
         got = cs.load(f"{root}/s{i}", snapshot)
         equal.append(all(torch.equal(got[k], snapshot[k]) for k in snapshot))
-        live = {k: v + 1 for k, v in live.items()}
     idle = []
     if rank == 0:  # rank 1 is not fencing: an idle fence must not enter any collective
         for _ in range(2000):
             t0 = time.perf_counter()
-            checkpoint_fence.fence("idle")
+            colo_shim.fence("idle")
             idle.append(time.perf_counter() - t0)
     dist.barrier()
     q.close()
     idle.sort()
-    results.put({"rank": rank, "equal": equal, "finalized": finalized,
+    results.put({"rank": rank, "equal": equal, "released": [r["released"] for r in reports],
+                 "finalized": [r["calls_finalized"] for r in reports],
                  "idle_median_us": idle[len(idle) // 2] * 1e6 if idle else None})
     dist.destroy_process_group()
 

@@ -26,6 +26,7 @@ import time
 import torch
 
 from bench.e2e import trainer as core
+from bench.e2e.timing import Parts, fence_seconds
 
 MAIN = os.environ.get("E2E_WORKER", "v0_7") == "main"
 
@@ -38,7 +39,8 @@ class MegatronPolicyWorkerImpl:
         self.optimizer = self.state.opt
         self.async_calls_queue = None
         self._async_checkpoint_cuda_cache_active = False
-        self.timings = {"finalize_in_offload_s": 0.0}  # harness timing only
+        self.timings = {"finalize_in_offload_s": 0.0, "fence_in_finalize_s": 0.0}  # harness timing only
+        self.parts = {}  # harness timing only: seconds per part of each offload, summed over the run
 
     # ------------------------------------------------------------------ refit
     def prepare_refit_info(self) -> dict:
@@ -52,21 +54,21 @@ class MegatronPolicyWorkerImpl:
 
     def offload_before_refit(self):
         """Offload the optimizer and buffers to the CPU."""
-        if MAIN:
-            self._timed_finalize()
-        self.model = self.move_model(self.model, "cpu", move_params=False, move_grads=True)
-        self.move_optimizer("cpu")
-        gc.collect()
-        core.empty_cache()
+        with Parts(self.parts, "before") as part:
+            if MAIN:
+                part("fence", self._timed_finalize)
+            self.model = part("grads", self.move_model, self.model, "cpu", move_params=False, move_grads=True)
+            part("optimizer", self.move_optimizer, "cpu")
+            part("empty_cache", lambda: (gc.collect(), core.empty_cache()))
 
     def offload_after_refit(self):
         """Offload as much as possible on the CPU."""
-        if MAIN:
-            self._timed_finalize()
-        self.model = self.move_model(self.model, "cpu", move_params=True, move_grads=True)
-        self.move_optimizer("cpu")
-        gc.collect()
-        core.empty_cache()
+        with Parts(self.parts, "after") as part:
+            if MAIN:
+                part("fence", self._timed_finalize)
+            self.model = part("params_grads", self.move_model, self.model, "cpu", move_params=True, move_grads=True)
+            part("optimizer", self.move_optimizer, "cpu")
+            part("empty_cache", lambda: (gc.collect(), core.empty_cache()))
 
     # ------------------------------------------------------------------ training
     def prepare_for_lp_inference(self):
@@ -129,9 +131,10 @@ class MegatronPolicyWorkerImpl:
                     and not ckpt.get("async_ckpt_use_cpu_shm", False) and self.cfg["colocated"])
 
     def _timed_finalize(self):  # harness timing of main's finalize inside an offload
-        t0 = time.perf_counter()
+        t0, fence0 = time.perf_counter(), fence_seconds()
         self.finalize_async_save()
         self.timings["finalize_in_offload_s"] += time.perf_counter() - t0
+        self.timings["fence_in_finalize_s"] += fence_seconds() - fence0  # colo-shim's fence ran inside
 
     # ------------------------------------------------------------------ harness only
     def finish_all_saves(self) -> float:

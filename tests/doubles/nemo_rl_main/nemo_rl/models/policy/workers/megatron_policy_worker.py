@@ -62,11 +62,13 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
             self._maybe_finalize_async_save(blocking=True)
 
     def _maybe_finalize_async_save(self, blocking: bool, terminate: bool = False):
-        """Megatron-Bridge's maybe_finalize_async_save on the worker's queue (no_dist: one rank)."""
+        """Megatron-Bridge's maybe_finalize_async_save on the worker's queue: collective across ranks,
+        as upstream (no_dist=False); a lone rank uses no_dist, NVRx's collectives needing CUDA there."""
         queue = self.async_calls_queue
         if queue is None:
             return
-        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=True)
+        multi = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=not multi)
         if terminate:
             queue.close()
 
