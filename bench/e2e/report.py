@@ -1,6 +1,6 @@
 """Tables from the e2e harness's JSON (bench/e2e/results/e2e_h200.json).
 
-    python bench/e2e/report.py [--markdown | --readme] [FILE]
+    python bench/e2e/report.py [--markdown | --readme | --svg OUT.svg] [--only REGEX] [FILE]
 
 One row per run: steps finished, wake-ups OOM, what the writer held after the offload (max over
 steps, and as a share of the offloaded state), host peak, pinned host memory after rollout
@@ -162,24 +162,74 @@ PARTS = ("fence", "grads", "optimizer", "empty_cache")
 
 def parts_markdown(report: dict) -> str:
     """offload_before_refit split (issue 22 item 6): median seconds per part over steps >= 2."""
-    lines = ["offload_before_refit in parts, median seconds over steps >= 2 (fence: colo-shim's fence, or "
-             "NeMo-RL main's finalize_async_save with whatever it runs; grads: the DDP grad buffers; params "
-             "stay on the GPU for the refit; optimizer: the optimizer state; empty_cache: gc + empty_cache).", "",
+    lines = ["offload_before_refit in parts, median seconds over steps >= 2. fence: the step's offload wait "
+             "(colo-shim's fence, which on the v0.7-layout worker runs in its wrapper around the method, or NeMo-RL "
+             "main's finalize_async_save with whatever it runs); grads: the DDP grad buffers (params stay on the GPU "
+             "for the refit); optimizer: the optimizer state; empty_cache: gc + empty_cache.", "",
              "| run | vLLM | " + " | ".join(PARTS) + " |", "|" + "---|" * (len(PARTS) + 2)]
     for r in runs_of(report):
         steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("offload_parts")]
         if steps:
-            cells = [_fmt(_med([s["offload_parts"].get(f"before.{k}") for s in steps])) for k in PARTS]
+            cells = [_fmt(_med([s.get("offload_wait_s") if k == "fence" else s["offload_parts"].get(f"before.{k}")
+                                for s in steps])) for k in PARTS]
             lines.append(f"| {r['name']} | {r.get('vllm')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def svg(report, title: str = "") -> str:
+    """Two bar charts, one row per run: the step time with a save in flight (steps >= 2, no
+    validation) and the GPU memory the writer still held after the offload, i.e. what the next
+    wake-up had to do without. Plain SVG, no plotting library."""
+    data = [r for r in rows(report) if r["steps"]]
+    label_w, bar_w, row_h, top = 230, 300, 22, 48
+    height = top + row_h * len(data) + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + 2 * (bar_w + 90)}" height="{height}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<text x="4" y="16" font-size="14" font-weight="bold">{_esc(title)}</text>']
+    panels = (("step s with a save in flight", "step_plain_s", "#4878a8"),
+              ("GiB held by the writer at wake-up", "held_gib", "#c8553d"))
+    for p, (name, key, color) in enumerate(panels):
+        x0 = label_w + p * (bar_w + 90)
+        vmax = max([r[key] for r in data if r[key] is not None] or [1.0]) or 1.0
+        out.append(f'<text x="{x0}" y="{top - 10}" font-weight="bold">{_esc(name)}</text>')
+        for i, r in enumerate(data):
+            y = top + i * row_h
+            v = r[key]
+            if p == 0:
+                out.append(f'<text x="4" y="{y + 14}">{_esc(r["run"])} (vLLM {r["vllm"]})</text>')
+            if v is None:
+                out.append(f'<text x="{x0 + 2}" y="{y + 14}" fill="#888">-</text>')
+                continue
+            w = max(1, int(bar_w * v / vmax))
+            out.append(f'<rect x="{x0}" y="{y + 3}" width="{w}" height="{row_h - 6}" fill="{color}"/>')
+            out.append(f'<text x="{x0 + w + 4}" y="{y + 14}">{v:.2f}</text>')
+    out.append(f'<text x="4" y="{height - 12}" fill="#555">from {_esc(os.path.basename(DEFAULT))}: '
+               'medians over steps >= 2 without validation; held = reserved GPU memory after the offload</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _esc(text) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     md = "--markdown" in argv
-    paths = [a for a in argv if not a.startswith("--")] or [DEFAULT]
+    target = argv[argv.index("--svg") + 1] if "--svg" in argv else None
+    only_arg = argv[argv.index("--only") + 1] if "--only" in argv else None
+    paths = [a for a in argv if not a.startswith("--") and a not in (target, only_arg)] or [DEFAULT]
     report = json.load(open(paths[0]))
-    if "--readme" in argv:
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    if only:  # a regular expression on run names: e.g. the runs of one device call
+        import re
+
+        paths = [a for a in paths if a != only] or [DEFAULT]
+        report = [r for r in runs_of(json.load(open(paths[0]))) if re.search(only, r["name"])]
+    if target:
+        with open(target, "w") as f:
+            f.write(svg(report, "colocated GRPO on one H200 (bench/e2e)"))
+    elif "--readme" in argv:
         print(markdown(report, SHORT))
     elif md:
         print(markdown(report))
