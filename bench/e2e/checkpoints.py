@@ -2,7 +2,7 @@
 
 The verifiers are their own processes (bench instruments: their reads would otherwise stall the
 trainer), two of them because reading a 14 GiB checkpoint back takes 25-30 s on the H200 host,
-longer than a staged step, and the two-on-disk limit would otherwise hold the next save; each reads
+longer than a fast step, and the two-on-disk limit would otherwise hold the next save; each reads
 a checkpoint back with bench_fence_megatron._compare against the fingerprints of the live state
 taken when the save was scheduled.
 """

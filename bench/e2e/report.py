@@ -7,7 +7,8 @@ steps, and as a share of the offloaded state), host peak, pinned host memory aft
 finishes vs the level-1 backup, checkpoints and refits equal, median step time and offload wait
 (steps with a save in flight, and those without a validation), save scheduling (save 1 starts NVRx's
 worker; save 2 stages again, because the new worker's restart callback dropped save 1's buffers;
-median of saves 3 on, the cached buffers reused), colo-shim's page-locked staging bytes, and
+median of saves 3 on, the cached buffers reused), colo-shim's page-locked staging bytes (runs of
+the stage release before its retirement; 0 since), and
 whether the generated ids match the no-shim/first run's at each common step (same weights in,
 same ids out: a cross-run reference).
 """

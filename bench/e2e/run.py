@@ -1,6 +1,6 @@
 """Colocated GRPO on one GPU, end to end: a megatron-core trainer and a vLLM engine time-share it.
 
-    python bench/e2e/run.py --runs stage@0.7.0:10,noshim@0.7.0:3 --site DIR --out DIR [--size full]
+    python bench/e2e/run.py --runs shim@0.7.0:10,noshim@0.7.0:3 --site DIR --out DIR [--size full]
     python bench/e2e/run.py --merge A.json B.json ... --out bench/e2e/results/e2e_h200.json
 
 Each run is a fresh driver process in its own session (killed with everything it started: the
@@ -8,13 +8,15 @@ trainer, the engine, NVRx's writer): the driver runs the site package's `grpo_tr
 (bench/e2e/site/nemo_rl, NeMo-RL main's module layout) and spawns the two actors (rpc.py). Modes:
 
   noshim          no colo-shim, NVRx async cached saves left in flight (NeMo-RL main's loop)
-  shim            COLO_SHIM=1 (default release: the offload's fence waits for the write, then frees)
-  stage           COLO_SHIM=1 COLO_SHIM_NVRX_RELEASE=stage (the write reads /dev/shm, no fence wait)
-  stage_nopin     stage with COLO_SHIM_STAGE_PIN=0 (staged buffers not cudaHostRegister'ed)
+  shim            COLO_SHIM=1 (default release: the writer lets go while its write goes on, issue 22)
   sync_save       workaround: synchronous saves, no shim (NeMo-RL v0.3-v0.7's async_save=False)
   main3322        workaround: NeMo-RL main's worker (PR #3322 blocking finalize at offload), no shim
-  main3322_stage  main's worker with COLO_SHIM=1 and stage (issue 16 item 4)
   main3322_shim   main's worker with COLO_SHIM=1 and the default release (issue 22)
+  stage, stage_nopin, main3322_stage
+                  measured the stage release (page-locked /dev/shm staging; stage_nopin without the
+                  page-locking) before it was retired; they still run, as shim / main3322_shim with
+                  COLO_SHIM_NVRX_RELEASE=stage (the deprecated alias of the default), recorded as
+                  release "stage (retired: runs as inplace)"
 
 Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's KV cache;
 `order=before|after` (main-worker modes) adds main's checkpointer-thread call of
@@ -23,7 +25,7 @@ Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's 
 checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm). E.g. `main3322_shim@0.7.0:4:order=after`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
-memory right after offload_after_refit in the last shim/stage run of this invocation (or
+memory right after offload_after_refit in the last colo-shim run of this invocation (or
 --kv-free-gib), margin --kv-margin-gib (3): a job tuned to the GPU with the shim fits, without it
 the writer's memory must be free at wake-up and is not. A run spec `mode@nvrx:steps:kvdelta=-16`
 shrinks the KV cache of that run (to see what a no-shim job that fits writes).
@@ -136,9 +138,9 @@ def orchestrate(args) -> int:
             pass
         proc.wait()
         log.close()
-        # A driver killed at its limit cannot remove its checkpoints, nor NVRx/colo-shim its staged
+        # A driver killed at its limit cannot remove its checkpoints, nor NVRx its shared-memory
         # buffers: whatever this run left in /dev/shm would fill the next run's host memory.
-        # Its checkpoints always go; other new /dev/shm entries (NVRx / colo-shim staging) only with
+        # Its checkpoints always go; other new /dev/shm entries (NVRx's shm path) only with
         # --clean-shm, on a machine this harness has to itself (the GPU lease), never on a shared one.
         shutil.rmtree(os.path.join(ckpt_dir, f"e2e_{proc.pid}"), ignore_errors=True)
         leftover = sorted(set(os.listdir("/dev/shm")) - shm_before)
@@ -228,11 +230,11 @@ def merge(paths, out) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--driver", action="store_true")
-    ap.add_argument("--mode", default="stage")
+    ap.add_argument("--mode", default="shim")
     ap.add_argument("--name", default="")
     ap.add_argument("--nvrx", default="0.7.0")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--runs", default="stage@0.7.0:2")
+    ap.add_argument("--runs", default="shim@0.7.0:2")
     ap.add_argument("--size", default="full", choices=sorted(SIZES))
     ap.add_argument("--val-period", type=int, default=3)
     ap.add_argument("--site", default=None, help="DIR with mcore/, nvrx060/, nvrx070/ (--target installs)")

@@ -321,8 +321,9 @@ def _shim_totals() -> dict:
 
 
 def _registered_bytes() -> int:
-    """Host bytes colo-shim page-locked with cudaHostRegister (staged /dev/shm buffers; not in
-    host_memory_stats, which sees only torch's pinned allocator)."""
+    """Host bytes colo-shim page-locked with cudaHostRegister (the retired stage release's /dev/shm
+    buffers; not in host_memory_stats, which sees only torch's pinned allocator). That module is gone
+    since stage was retired, so this is 0 now; the column stays so older results read the same."""
     mod = sys.modules.get("colo_shim.checkpoint.pinning")
     return int(mod.report()["pinned_bytes"]) if mod is not None else 0
 

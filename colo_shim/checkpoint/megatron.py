@@ -12,9 +12,9 @@ Ray ActorClass; the plain class is reached through its `__ray_actor_class__`. Fr
 lives in MegatronPolicyWorkerImpl. Calls through the actor go through methods `@ray.remote`
 captured before any patch; core/ray_actors.py makes them reach these wrappers, in the driver and in
 the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL already has finalize_async_save (PR #3322),
-offload_before_refit/offload_after_refit fence themselves and the shim stays out of them; with the
-stage strategy, main's finalize_async_save itself is wrapped so host-only writes stay async
-(checkpoint/nemo_rl_main.py says exactly when).
+offload_before_refit/offload_after_refit fence themselves and the shim stays out of them; main's
+finalize_async_save itself is wrapped so that, with the default release, the offloads neither wait
+for the write nor end the writer (checkpoint/nemo_rl_main.py says exactly when).
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
   (found on the Python stack, up to 16 frames up). Every other call (main's checkpointer thread via
   `Policy.finalize_async_save` -> `begin_finalization(wait_fn=...)`, `checkpointer.shutdown()` at
   exit, a direct call) is a "waiting call".
-- "Releasing": COLO_SHIM_NVRX_RELEASE is inplace (the default) or stage and the installed NVRx is
-  0.6.0 or 0.7.0 (release.skips_upstream_finalize()). Read from the environment and the installed
-  package only, never from this rank's writers: every rank decides alike with no collective.
+- "Releasing": COLO_SHIM_NVRX_RELEASE is inplace (the default; `stage`, retired, runs as inplace)
+  and the installed NVRx is 0.6.0 or 0.7.0 (release.skips_upstream_finalize()). Read from the
+  environment and the installed package only, never from this rank's writers: every rank decides
+  alike with no collective.
 - Offload call, releasing: colo-shim's fence runs (the writer drops its CUDA references while its
   write goes on) and main's method is skipped: nothing waited, finalized, closed or cleaned. The
   write is finalized by main's own next finalize (the checkpointer's wait_fn, or save_checkpoint's

@@ -8,9 +8,7 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   while the fence waits). It wraps the save's preload_fn (worker.Preload: the writer's side door,
   door.py) and, once `save` returned (the copy to host is done), drops the trainer's own references
   to the CUDA tensors it sent, so that a write in flight pins no replaced storage on either side.
-  With COLO_SHIM_NVRX_RELEASE=stage it starts the worker in NVRx's CPU shared-memory mode, so the
-  writer opens no CUDA context. Every schedule (re)installs the shm drain that NVRx's close()
-  removes (checkpoint/stage.py, ensure_drain).
+  Every schedule (re)installs the shm drain that NVRx's close() removes (checkpoint/shm_drain.py).
 - AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host
   thread finalizing (NeMo-RL's background checkpoint finalizer) and the fence never race.
 - PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
@@ -20,8 +18,6 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   training-side cache keys on close; the next cached save then sends a key without data, the fresh
   worker dies on a cache miss and the trainer blocks forever in preload_q.join(). A close also
   removes NVRx's shm drain: it is put back while another queue still has a write pending.
-- FileSystemWriterAsync.__init__ / .prepare_local_plan (stage, NVRx >= 0.6): GPU tensors are staged
-  into /dev/shm instead of CUDA IPC, when /dev/shm can hold them (checkpoint/stage.py).
 - FileSystemWriterAsync.prepare_write_data (0.6.0 only; 0.7.0 does both itself): a cached save after
   offload + reload to a new address writes the old values, so a moved key is re-sent; host tensors
   are passed live (NVRx #376), so they are cloned: the save then equals the state when scheduled.
@@ -35,7 +31,7 @@ import queue as _queue
 import sys
 
 from colo_shim.core.registry import Patch, Target
-from colo_shim.checkpoint import door, release, stage, state, worker
+from colo_shim.checkpoint import door, release, shm_drain, state, worker
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -59,10 +55,6 @@ def declaration() -> Patch:
             Target(CORE, "PersistentAsyncCaller.is_current_async_call_done", _completion, DIST, RANGE),
             Target(CORE, "AsyncCallsQueue.close", _close, DIST, RANGE),
             Target(CORE, "PersistentAsyncCaller.close", _close, DIST, RANGE),
-            Target(FS, "FileSystemWriterAsync.__init__", stage.writer_init, DIST, RANGE,
-                   upstream_fixed=stage.not_staging, required=False),
-            Target(FS, "FileSystemWriterAsync.prepare_local_plan", stage.check_room, DIST, RANGE,
-                   upstream_fixed=stage.not_staging, required=False),
             Target(FS, "FileSystemWriterAsync.prepare_write_data", _prepare_write_data, DIST, RANGE,
                    upstream_fixed=_checks_pointers),
         ),
@@ -143,11 +135,8 @@ def _schedule(wrapped, instance, args, kwargs):
     try:
         request = args[0] if args else kwargs.get("async_request")
         acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
-        persistent = getattr(instance, "persistent", False)
-        if persistent:
-            stage.before_schedule(instance, acc["cuda"])
-        stage.ensure_drain()  # after before_schedule: its fallback to CUDA IPC closes the queue
-        if persistent:
+        shm_drain.ensure_drain()
+        if getattr(instance, "persistent", False):
             if acc["cuda"]:
                 state.note_cuda_sent(instance)
             for key in acc["keys"]:
@@ -244,7 +233,7 @@ def _close(wrapped, instance, args, kwargs):
             if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
                 release.clear_training_caches()
                 state.forget_release(instance)
-                stage.after_close(instance)
+                shm_drain.after_close(instance)
         except Exception as exc:
             log.debug("colo_shim: cache clear after close failed: %s", exc)
 
@@ -302,7 +291,7 @@ def _prepare_write_data(wrapped, instance, args, kwargs):
 
 def _report() -> dict:
     return dict(state.totals(), release=release.strategy(), release_fallbacks_by_cause=dict(release.fallbacks),
-                sent_keys=len(state.sent_ptrs), **stage.report())
+                sent_keys=len(state.sent_ptrs), **shm_drain.report())
 
 
 PATCH = declaration()

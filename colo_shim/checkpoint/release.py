@@ -7,9 +7,11 @@
   flight (today's wait), with one warning naming the cause and a `colo-shim doctor` row.
 - restart: the upstream-style release: after the writes in flight, the worker process ends (its
   CUDA context goes too) and a fresh one starts in the background once storage is back.
-- stage: writers get no CUDA tensors (staged into /dev/shm at schedule time, checkpoint/stage.py);
-  a save that still went through CUDA IPC is released as with inplace.
 - none: nothing is released (memory stays pinned; for comparison).
+- stage: a deprecated alias of inplace, with one warning. It staged GPU tensors through page-locked
+  /dev/shm so the offload never waited for the write; once inplace stopped waiting too, stage only
+  cost a checkpoint shard of host memory per rank (issue 22), so it was retired. The value stays
+  valid so that job configs that name it keep running.
 
 Nothing here finalizes a save: a finalize gathers across ranks, and a rank that consumed a save
 another rank still has pending would leave that gather unmatched. Waiting for a write is local
@@ -30,7 +32,8 @@ from colo_shim.checkpoint import door, state, worker
 log = logging.getLogger("colo_shim.nvrx")
 
 ENV = "COLO_SHIM_NVRX_RELEASE"
-CHOICES = ("inplace", "restart", "stage", "none")
+CHOICES = ("inplace", "restart", "none")
+RETIRED = "stage"  # still a valid value: a deprecated alias of inplace
 DEFAULT = "inplace"
 INPLACE_TESTED = ("0.4.1", "0.5.0", "0.6.0", "0.7.0")  # exact releases; dev snapshots are not these
 _FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
@@ -42,7 +45,15 @@ fallbacks: dict = {}  # cause -> count, for `colo-shim doctor`
 
 
 def strategy() -> str:
-    return config.env_choice(ENV, CHOICES, DEFAULT)
+    """The configured strategy; the retired `stage` runs as inplace, said once per process (not an
+    error under COLO_SHIM_STRICT: it is a valid value, only deprecated)."""
+    config.retired_knobs()
+    how = config.env_choice(ENV, CHOICES, DEFAULT, deprecated=(RETIRED,))
+    if how == RETIRED:
+        config.complain(f"{ENV}={RETIRED} is deprecated: stage was retired and runs as {DEFAULT}, which "
+                        "no longer waits for the checkpoint write; unset it or set inplace", strict_mode=False)
+        return DEFAULT
+    return how
 
 
 def inplace_tested(version: str | None) -> bool:
@@ -50,15 +61,15 @@ def inplace_tested(version: str | None) -> bool:
 
 
 def drops_in_place() -> bool:
-    """Whether writers are released in place (worker kept warm): inplace/stage on a tested NVRx release."""
-    return strategy() in ("inplace", "stage") and inplace_tested(versions.installed_version(DIST))
+    """Whether writers are released in place (worker kept warm): inplace on a tested NVRx release."""
+    return strategy() == "inplace" and inplace_tested(versions.installed_version(DIST))
 
 
 def skips_upstream_finalize() -> bool:
     """Whether an offload may leave a save writing instead of finalizing it (NeMo-RL main's offload
     finalize). A function of the environment and the installed NVRx only, so every rank of a job
     answers alike without a collective."""
-    return strategy() in ("inplace", "stage") and versions.installed_version(DIST) in ("0.6.0", "0.7.0")
+    return strategy() == "inplace" and versions.installed_version(DIST) in ("0.6.0", "0.7.0")
 
 
 def _warn_once(key: str, message: str, *args) -> None:
@@ -102,7 +113,7 @@ def release(queue, wait) -> str | None:
         await_writes(queue, wait)  # raises when the dead worker took a pending save with it
         clear_training_caches(keep_shm=False)
         return "gone"
-    if how in ("inplace", "stage"):
+    if how == "inplace":
         version = versions.installed_version(DIST)
         if not drops_in_place():
             _fell_back("untested", "colo_shim: NVRx %s is not a release the inplace release was tested on (%s); "

@@ -68,7 +68,7 @@ lock = _FinalizeLock()
 # fence_s / fence_max_s: how long fences held the job up, the figure that tells whether a save
 # stayed async across an offload (a fence that leaves a host-only save writing costs microseconds).
 _totals = {"fences": 0, "idle": 0, "finalized": 0, "released": 0, "timeouts": 0, "skipped_host_only": 0,
-           "release_fallbacks": 0, "stage_fallbacks": 0, "fence_s": 0.0, "fence_max_s": 0.0}
+           "release_fallbacks": 0, "fence_s": 0.0, "fence_max_s": 0.0}
 
 
 class FenceTimeout(RuntimeError):

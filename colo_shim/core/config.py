@@ -23,6 +23,10 @@ NVRX_ACK_TIMEOUT = "COLO_SHIM_NVRX_ACK_TIMEOUT"
 # read only when a fence waits, which may be hours into a job: checked at arm time too, so a bad
 # value gets its word when the process starts
 SECONDS = (FENCE_TIMEOUT, FENCE_WARN_EVERY, NVRX_ACK_TIMEOUT)
+# knobs of COLO_SHIM_NVRX_RELEASE=stage, retired in issue 22: a job config that still sets them was
+# valid, so they cost one line (never an error, strict or not) rather than silence
+RETIRED_STAGE_KNOBS = ("COLO_SHIM_STAGE_PIN", "COLO_SHIM_STAGE_LEDGER_WAIT", "COLO_SHIM_STAGE_SHM_BYTES",
+                       "COLO_SHIM_STAGE_SHM_DIR")
 EXIT_STRICT = 2
 
 _OFF = ("", "0", "off", "false", "no")
@@ -91,6 +95,7 @@ def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
     if explicit is None:
         for name in SECONDS:
             env_float(name, 0.0)
+        retired_knobs()
     if explicit is None and raw in _OFF:
         wanted = list(known)  # install() called in code without COLO_SHIM: the caller wants it on
     if any(w in _ALL for w in wanted):
@@ -105,15 +110,26 @@ def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
     return tuple(n for n in known if n in wanted and n not in disabled)
 
 
-def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+def env_choice(name: str, choices: tuple[str, ...], default: str, deprecated: tuple[str, ...] = ()) -> str:
+    """The value of a switch with fixed choices; a deprecated value is still returned (the caller says
+    what it runs as), but the bad-value line lists it apart, so nobody picks it from there."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
     value = raw.strip().lower()
-    if value in choices:
+    if value in choices or value in deprecated:
         return value
-    complain(f"{name}={raw!r} is not valid; valid values: {', '.join(choices)} (using {default!r})")
+    old = f" (deprecated: {', '.join(deprecated)})" if deprecated else ""
+    complain(f"{name}={raw!r} is not valid; valid values: {', '.join(choices)}{old} (using {default!r})")
     return default
+
+
+def retired_knobs() -> None:
+    """One line naming the retired stage knobs that are set, once per process (never an error)."""
+    found = [name for name in RETIRED_STAGE_KNOBS if os.environ.get(name, "").strip()]
+    if found:
+        complain(f"{', '.join(found)} {'has' if len(found) == 1 else 'have'} no effect since stage was retired "
+                 "(COLO_SHIM_NVRX_RELEASE=stage runs as inplace); unset to silence this line", strict_mode=False)
 
 
 def env_float(name: str, default: float) -> float:

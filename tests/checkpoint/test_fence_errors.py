@@ -2,7 +2,7 @@
 
 import time
 
-from helpers import last_json, run_python
+from helpers import deps_dir, last_json, run_python
 from nvrx_scenarios import runner
 
 
@@ -63,10 +63,24 @@ def test_bad_release_value_warns_once_and_uses_default():
     proc = run_python("""
         import json
         from colo_shim.checkpoint import release as nvrx_release
-        print(json.dumps(nvrx_release.strategy()))
+        print(json.dumps([nvrx_release.strategy(), nvrx_release.strategy()]))
     """, env={"COLO_SHIM_NVRX_RELEASE": "sometimes"}, timeout=60)
-    assert last_json(proc) == "inplace"
-    assert "inplace, restart, stage, none" in proc.stderr and "COLO_SHIM_NVRX_RELEASE" in proc.stderr
+    assert last_json(proc) == ["inplace", "inplace"]
+    assert proc.stderr.count("COLO_SHIM_NVRX_RELEASE='sometimes' is not valid") == 1, proc.stderr
+    assert "valid values: inplace, restart, none (deprecated: stage)" in proc.stderr, proc.stderr
+
+
+def test_retired_stage_value_runs_as_inplace_with_one_line_even_when_strict():
+    proc = run_python("""
+        import json
+        from colo_shim.checkpoint import release as nvrx_release
+        print(json.dumps([nvrx_release.strategy(), nvrx_release.strategy(), nvrx_release.skips_upstream_finalize()]))
+    """, env={"COLO_SHIM_NVRX_RELEASE": "stage", "COLO_SHIM_STRICT": "1"},
+        pythonpath=(deps_dir("nvrx", "0.7.0"),), timeout=60)
+    assert last_json(proc) == ["inplace", "inplace", True]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "COLO_SHIM_NVRX_RELEASE=stage is deprecated" in lines[0], proc.stderr
+    assert "runs as inplace" in lines[0], lines
 
 
 def test_bad_release_value_is_an_error_when_strict():

@@ -1,5 +1,5 @@
-"""NeMo-RL main's own finalize_async_save stays async with colo-shim's release (issue 16 item 4
-for stage, issue 22 for the default release).
+"""NeMo-RL main's own finalize_async_save stays async with colo-shim's default release (issue 22),
+and COLO_SHIM_NVRX_RELEASE=stage, retired, runs exactly as that default.
 
 Real NVRx 0.7.0, real spawned worker, the main doubles of the Megatron policy worker (main's
 finalize_async_save / save_checkpoint / _requires_nvrx_cuda_cache_release) and of the checkpointer
@@ -17,9 +17,13 @@ MAIN = runner.os.path.join(runner.HERE, "main_async.py")
 STAGE = {"COLO_SHIM_NVRX_RELEASE": "stage"}
 
 
-def _run(opts, env=None):
+def _outcome(opts, env=None):
     return runner.run("main_refit", {"steps": 3, **opts}, nvrx="0.7.0", doubles="main", script=MAIN,
-                      timeout=180, env=env).result
+                      timeout=180, env=env)
+
+
+def _run(opts, env=None):
+    return _outcome(opts, env).result
 
 
 def _bookkeeping(result):
@@ -43,26 +47,31 @@ def _stayed_async(result):
     assert result["stats"] == {"offload_skipped": 6, "release_kept": 3, "unchanged": 0}
 
 
-@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
-def test_default_offload_returns_with_a_cuda_write_held_and_keeps_the_worker(cls):
-    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
-    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
-    result = _run({"ray_class": cls == "ray_actor_class", "cuda": True, "shm": True})
+def _default_result(result):
     _stayed_async(result)
     assert all(row["fence_released"] for row in result["steps"]), result["steps"]
 
 
-def test_stage_offload_returns_with_the_write_held_and_keeps_worker_and_buffers():
-    result = _run({}, STAGE)
-    _stayed_async(result)
-    steps = result["steps"]
-    assert steps[1]["shm_before"], steps  # the staged /dev/shm buffers, from the second save on ...
-    assert steps[1]["shm_before"] == steps[1]["shm_after"] == steps[2]["shm_before"] == steps[2]["shm_after"]
+@pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
+def test_default_offload_returns_with_a_cuda_write_held_and_keeps_the_worker(cls):
+    """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
+    offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
+    _default_result(_run({"ray_class": cls == "ray_actor_class", "cuda": True}))
+
+
+def test_retired_stage_runs_as_the_default_and_says_so_once():
+    """A job config that still names stage: the same result as the default run above, and one
+    deprecation line for the whole process; under COLO_SHIM_STRICT=1 too (a valid value, not an error)."""
+    outcome = _outcome({"cuda": True}, {**STAGE, "COLO_SHIM_STRICT": "1"})
+    _default_result(outcome.result)
+    assert outcome.stderr.count("COLO_SHIM_NVRX_RELEASE=stage is deprecated") == 1, outcome.stderr[-3000:]
+    line = next(x for x in outcome.stderr.splitlines() if "COLO_SHIM_NVRX_RELEASE=stage is deprecated" in x)
+    assert "runs as inplace" in line, line
 
 
 @pytest.mark.parametrize("release", ("restart", "none"))
 def test_main_code_runs_unchanged_without_a_releasing_strategy(release):
-    result = _run({"cuda": True, "shm": True}, {"COLO_SHIM_NVRX_RELEASE": release})
+    result = _run({"cuda": True}, {"COLO_SHIM_NVRX_RELEASE": release})
     for row in result["steps"]:  # main's blocking finalize waited, closed the writer, dropped the caches
         assert row["offload_waited"] is True and row["pending_after_offload"] == 0, row
         assert row["pid_after"] is None, row

@@ -96,3 +96,20 @@ def test_from_a_missing_or_empty_directory_says_what_to_set(tmp_path):
 def test_header_says_what_is_really_active(value, says):
     proc = doctor(env={"COLO_SHIM": value})
     assert proc.stdout.splitlines()[0].endswith(says), proc.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("release,status", [
+    (None, "inplace; recommended inplace"),
+    ("stage", "stage (deprecated: runs as inplace); recommended inplace"),
+])
+def test_fence_rows_recommend_inplace_and_name_the_retired_stage(release, status):
+    """stage was retired (issue 22): doctor recommends inplace on a tested NVRx, shows a job config
+    that still names stage as what it runs as, and has no /dev/shm budget or ledger row any more."""
+    proc = doctor(pythonpath=(deps_dir("nvrx", "0.7.0"),), env={"COLO_SHIM": "nvrx", "COLO_SHIM_NVRX_RELEASE": release})
+    fence = proc.stdout.split("checkpoint fence:")[1]
+    row = next(line for line in fence.splitlines() if "(release strategy)" in line)
+    assert status in row, row
+    assert "release while writing (side door)" in fence and "/dev/shm" not in fence and "ledger" not in fence, fence
+    side_door = next(line for line in fence.splitlines() if "side door" in line)
+    assert " yes " in side_door, side_door
+    assert proc.stderr.count("COLO_SHIM_NVRX_RELEASE=stage is deprecated") == (release == "stage"), proc.stderr

@@ -35,8 +35,7 @@ def main() -> dict:
     from nemo_rl.models.policy.workers import megatron_policy_worker as mpw
 
     cs.init_single_rank()
-    shm = os.environ.get("COLO_SHIM_NVRX_RELEASE") != "stage"  # without stage: NVRx's own shm worker (no GPU)
-    q = cs.make_queue(shm=shm)
+    q = cs.make_queue(shm=True)  # NVRx's own shm worker: no GPU here
     calls = []
 
     def maybe_finalize_async_save(global_state, ckpt_cfg, blocking=False, terminate=False):
@@ -78,7 +77,7 @@ def main() -> dict:
             v.add_(step)
         at_save = {k: v.clone() for k, v in live.items()}
         worker._async_checkpoint_cuda_cache_active = True  # as main's save_checkpoint sets it
-        cs.async_save(q, live, f"{root}/s{step}", cached=True, shm=shm,
+        cs.async_save(q, live, f"{root}/s{step}", cached=True, shm=True,
                       wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
         row = {"shm_before": _shm(FileSystemWriterAsync), "pid_before": _pid(q)}
         calls.clear()

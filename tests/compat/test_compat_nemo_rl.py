@@ -292,22 +292,23 @@ def test_speculative_drafter_survives_the_finish(release, engine_root):
 
 
 
-@pytest.mark.parametrize("mode", ("stage", "no_stage"))
-def test_main_finalize_async_save_stays_async_with_stage(mode, engine_root):
-    """Issue 16 item 4 on the real main tree (main_async_child.py): with stage, main's own
-    offload_before_refit gets past its finalize_async_save while the save's write is still held
-    (gated), the checkpointer's waiting call then waits with terminate=False and keeps the worker
-    and its staged buffers; without stage main's code runs unchanged (waits, terminate, cleanup)."""
+@pytest.mark.parametrize("release", ("default", "stage", "restart"))
+def test_main_finalize_async_save_stays_async_with_the_default_release(release, engine_root):
+    """Issues 16 item 4 and 22 on the real main tree (main_async_child.py): with the default release
+    (and `stage`, retired, which runs as it), main's own offload_before_refit gets past its
+    finalize_async_save while the save's write is still held (gated), the checkpointer's waiting call
+    then waits with terminate=False and keeps the worker and NVRx's shm buffers; with restart (no
+    release that skips main's finalize) main's code runs unchanged (waits, terminate, cleanup)."""
     from helpers import deps_dir
 
-    env = {"COLO_SHIM_NVRX_RELEASE": "stage"} if mode == "stage" else {}
+    env = {} if release == "default" else {"COLO_SHIM_NVRX_RELEASE": release}
     res = run_child("main", "main_async", engine_root, script="main_async_child.py", extra_env=env,
                     extra_path=(deps_dir("nvrx", "0.7.0"), os.path.join(TESTS, "nvrx_scenarios")))
     steps = res["steps"]
     assert res["requires_release"] is True  # main's own verdict: it would close the writer and drop caches
     assert all(r["offload"].endswith("after its finalize") or r["offload"] == "returned" for r in steps), steps
     assert all(r["equal"] and r["pending_after_wait"] == 0 for r in steps), steps
-    if mode == "stage":
+    if release != "restart":
         for r in steps:
             assert r["waited"] is False and r["gate_open"] is False and r["pending"] == 1, r
             assert r["offload_calls"] == [] and r["wait_calls"] == [{"blocking": True, "terminate": False}], r

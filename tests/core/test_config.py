@@ -92,3 +92,18 @@ def test_bad_fence_timeout_is_an_error_when_strict():
                        env={"COLO_SHIM": "nvrx", "COLO_SHIM_FENCE_TIMEOUT": "abc", "COLO_SHIM_STRICT": "1"})
     assert child.returncode != 0 and "ConfigError: COLO_SHIM_FENCE_TIMEOUT='abc' is not valid" in child.stderr
     assert "default applies" not in child.stderr  # strict: nothing is ignored
+
+
+def test_retired_stage_knobs_get_one_line_when_the_process_starts_even_when_strict():
+    """COLO_SHIM_STAGE_* belonged to the retired stage release: a config that still sets them was
+    valid, so the job runs, and one line (not one per read) says they do nothing now."""
+    child = run_python("""
+        import colo_shim
+        from colo_shim.core import config
+        config.retired_knobs()
+        print('job ran')
+    """, env={"COLO_SHIM": "nvrx", "COLO_SHIM_STRICT": "1", "COLO_SHIM_STAGE_PIN": "0",
+              "COLO_SHIM_STAGE_SHM_BYTES": "1e9"})
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    assert child.stdout.strip() == "job ran" and len(lines) == 1, child.stderr
+    assert "COLO_SHIM_STAGE_PIN, COLO_SHIM_STAGE_SHM_BYTES have no effect since stage was retired" in lines[0], lines

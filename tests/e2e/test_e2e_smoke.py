@@ -6,7 +6,7 @@ actor (real megatron-core 0.19.2 GPTModel in megatron DDP, real NVRx 0.7.0 async
 gloo) and the engine actor; the refit is the real ZMQ stream into the engine's worker extension.
 Only the generation side is a fake (no vLLM on CPU: E2E_FAKE_ENGINE, bench/e2e/engine.py), and
 megatron's distributed optimizer, which allocates on "cuda" unconditionally, is a torch Adam.
-colo-shim is on (COLO_SHIM=1, stage), so its driver-side vllm family decides every finish from
+colo-shim is on (COLO_SHIM=1, default release), so its driver-side vllm family decides every finish from
 the site's frames, as it would in NeMo-RL.
 """
 
@@ -38,11 +38,11 @@ def _harness(tmp_path, runs: str) -> dict:
 
 
 def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
-    report = _harness(tmp_path, "stage@0.7.0:3")
+    report = _harness(tmp_path, "shim@0.7.0:3")
     (run,) = report
     assert "error" not in run, (run.get("error"), run.get("log_tail"))
     assert {k: run[k] for k in ("name", "nvrx", "shim", "release")} == {
-        "name": "stage@0.7.0", "nvrx": "0.7.0", "shim": True, "release": "stage"}
+        "name": "shim@0.7.0", "nvrx": "0.7.0", "shim": True, "release": "inplace (default)"}
     assert "vllm" in run and [s["step"] for s in run["steps"]] == [1, 2, 3]
     for step in run["steps"]:
         for key, typ in STEP_KEYS.items():
@@ -60,16 +60,18 @@ def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
     from bench.e2e import report as rep
 
     table = rep.markdown(report)
-    assert f"| stage@0.7.0 | {run['vllm']} | 3 | 0 |" in table and "3/3" in table
+    assert f"| shim@0.7.0 | {run['vllm']} | 3 | 0 |" in table and "3/3" in table
 
 
 def test_main_layout_worker_reaches_the_main_async_patch(tmp_path):
     """main3322_stage: the site's MegatronPolicyWorkerImpl has NeMo-RL main's finalize_async_save,
     called first in both offloads; colo-shim's main-async patch wraps it, and the checkpoints that
-    main's own finalize path completes still equal their steps."""
+    main's own finalize path completes still equal their steps. The mode named after the retired
+    stage release still runs, as the default release that COLO_SHIM_NVRX_RELEASE=stage now is."""
     (run,) = _harness(tmp_path, "main3322_stage@0.7.0:2")
     assert "error" not in run, (run.get("error"), run.get("log_tail"))
-    assert run["worker"] == "main" and run["release"] == "stage"
+    assert run["worker"] == "main" and run["release"] == "stage (retired: runs as inplace)"
+    assert run["env"]["COLO_SHIM_NVRX_RELEASE"] == "stage"
     assert [s["ckpt_equal"] for s in run["steps"]] == [True, True]
     calls = run["trainer_shim"]["MegatronPolicyWorkerImpl.finalize_async_save"]
     assert calls["status"] == "applied" and calls["calls"] == 6  # three refits (step 2 also validates), two offloads each

@@ -7,7 +7,6 @@ The last stdout line is the JSON result.
 """
 
 import functools
-import json
 import logging
 import os
 import sys
@@ -36,10 +35,10 @@ def _live(seed):
     return {"w": torch.randn(512), "m": torch.randn(64, 8), "v": torch.rand(64, 8)}
 
 
-def _gated(cs, q, live, path, gate, shm=True):
+def _gated(cs, q, live, path, gate):
     import gated_io
 
-    return cs.async_save(q, live, path, cached=True, shm=shm,
+    return cs.async_save(q, live, path, cached=True, shm=True,
                          wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
 
 
@@ -84,37 +83,6 @@ def left_writing(opts):
         open(gate, "w").close()
     out["finalized_by_job"] = len(cs.finalize(q))
     out["equal_to_schedule_time"] = _same(cs, f"{root}/s", at_schedule)
-    q.close()
-    return out
-
-
-def stage_cycle(opts):
-    """stage: the job asks for CUDA IPC, the writer stages through shared memory, the worker starts
-    without CUDA, the fence leaves saves writing, every checkpoint equals its schedule-time state."""
-    cs = _setup(opts)
-    import colo_shim
-    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
-
-    writer_cls = filesystem_async.FileSystemWriterAsync
-    root = tempfile.mkdtemp()
-    q = cs.make_queue(shm=False)
-    live = _live(2)
-    out = {"equal": [], "reports": [], "staged": []}
-    for i in range(opts.get("cycles", 3)):
-        gate = f"{root}/gate{i}"
-        _gated(cs, q, live, f"{root}/c{i}", gate, shm=False)
-        at_schedule = {k: v.clone() for k, v in live.items()}
-        out["staged"].append(len(writer_cls._shm_tensor_cache))
-        out["reports"].append(colo_shim.fence(f"cycle {i}").as_dict())
-        for v in live.values():
-            v.add_(i + 1)
-        open(gate, "w").close()
-        cs.finalize(q)
-        out["equal"].append(_same(cs, f"{root}/c{i}", at_schedule))
-    caller = q.persistent_caller
-    out["queue_cpu_shm_mode"] = bool(q.cpu_shm_mode)
-    out["worker_cpu_shm_mode"] = bool(getattr(caller, "cpu_shm_mode", False))
-    out["stage"] = colo_shim.status() and next(r["details"] for r in colo_shim.status() if r["name"] == "nvrx")["stage"]
     q.close()
     return out
 
@@ -298,10 +266,6 @@ def finalize_race(opts):
 
 
 if __name__ == "__main__":
-    name, options = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
-    print(json.dumps(globals()[name](options), default=str), flush=True)
-    import multiprocessing
+    import entry
 
-    for child in multiprocessing.active_children():  # the results-queue manager, any worker left
-        child.kill()
-    os._exit(0)  # skip NVRx __del__ joins at teardown: the result is already out
+    entry.main(globals())

@@ -1,4 +1,4 @@
-"""Scenarios for NeMo-RL main's own finalize_async_save under stage, and for finalize order (issue 16).
+"""Scenarios for NeMo-RL main's own finalize_async_save with colo-shim's release, and for finalize order.
 
 `python main_async.py NAME '{json}'`: real NVRx (the version on PYTHONPATH), real spawned worker,
 gloo, CPU tensors, the NeMo-RL main doubles on PYTHONPATH. Gated writes (tests/nvrx_scenarios/
@@ -8,19 +8,11 @@ while an offload runs is recorded and opens the gate itself, so code that waits 
 finalize) finishes and is seen waiting instead of hanging. The last stdout line is the JSON result.
 """
 
-import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def _shm_ptrs():
-    from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
-
-    cache = getattr(FileSystemWriterAsync, "_shm_tensor_cache", {})
-    return sorted(t.data_ptr() for _, tensors in cache.values() for t in tensors)
 
 
 def _pid(q):
@@ -53,13 +45,12 @@ def main_refit(opts):
     cls = mpw.MegatronPolicyWorker.__ray_metadata__.modified_class if opts.get("ray_class") \
         else mpw.MegatronPolicyWorkerImpl
     worker = cls(cfg, None, worker_sharding_annotations=None)
-    shm = bool(opts.get("shm"))  # False: the job asks for CUDA IPC, which stage turns into /dev/shm
-    q = cs.make_queue(shm=shm)  # True: NVRx's own shm worker (no CUDA on this machine without stage)
+    q = cs.make_queue(shm=True)  # NVRx's own shm worker: no CUDA on this machine
     worker.async_calls_queue = q
     torch.manual_seed(5)
     live = {"w": torch.randn(512), "m": torch.randn(64, 8)}
     gate = [None]
-    worker.save_fn = lambda path: cs.async_save(q, live, path, cached=True, shm=shm,
+    worker.save_fn = lambda path: cs.async_save(q, live, path, cached=True, shm=True,
                                                 wrap=lambda fn: __import__("functools").partial(
                                                     gated_io.wait_then_write, gate[0], fn))
     in_offload, waited = [False], []
@@ -84,7 +75,7 @@ def main_refit(opts):
         worker.save_checkpoint(weights_path=os.path.join(path, "policy", "weights"))
         if opts.get("cuda"):
             state.note_cuda_sent(q)  # CPU machine: play a save that went through CUDA IPC
-        row = {"shm_before": _shm_ptrs(), "pid_before": _pid(q)}
+        row = {"pid_before": _pid(q)}
         waited.clear()
         released = state.totals()["released"]
         in_offload[0] = True
@@ -103,7 +94,7 @@ def main_refit(opts):
         latest = ckpt.get_latest_checkpoint_path()
         row["latest"] = os.path.basename(latest) if latest else None
         row["equal"] = _equal(cs, os.path.join(latest, "policy", "weights"), at_save)
-        row["shm_after"], row["pid_after"] = _shm_ptrs(), _pid(q)
+        row["pid_after"] = _pid(q)
         out["steps"].append(row)
     ckpt.shutdown()
     out["dirs"] = sorted(os.listdir(f"{root}/ckpt"))
@@ -169,10 +160,6 @@ def _equal(cs, path, expected):
 
 
 if __name__ == "__main__":
-    name, options = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
-    print(json.dumps(globals()[name](options), default=str), flush=True)
-    import multiprocessing
+    import entry
 
-    for child in multiprocessing.active_children():
-        child.kill()
-    os._exit(0)
+    entry.main(globals())
