@@ -26,9 +26,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 import time
+
+from colo_shim.core.cudahost import CudaHost
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -38,32 +39,7 @@ _lock = threading.Lock()
 _stats = {"pinned_bytes": 0, "pin_registrations": 0, "pin_unregistrations": 0, "pin_failures": 0,
           "pin_seconds": 0.0}
 _state = {"failed": False, "atexit": False}
-
-
-class CudaHost:
-    """The one seam between the lifecycle and the CUDA runtime (the GPU run exercises it for real)."""
-
-    def ready(self) -> bool:
-        torch = sys.modules.get("torch")
-        return torch is not None and torch.cuda.is_initialized()
-
-    def register(self, ptr: int, nbytes: int) -> None:
-        torch = sys.modules["torch"]
-        code = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
-        if code != 0:
-            raise RuntimeError(f"cudaHostRegister returned cudaError {code}")
-
-    def unregister(self, ptr: int) -> None:
-        torch = sys.modules["torch"]
-        code = int(torch.cuda.cudart().cudaHostUnregister(ptr))
-        if code != 0:
-            raise RuntimeError(f"cudaHostUnregister returned cudaError {code}")
-
-    def synchronize(self) -> None:
-        sys.modules["torch"].cuda.synchronize()
-
-
-host = CudaHost()
+host = CudaHost()  # the one seam to the CUDA runtime (tests swap in a recorder)
 
 
 def enabled() -> bool:
