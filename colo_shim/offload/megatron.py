@@ -38,13 +38,11 @@ from colo_shim.core.registry import Patch, Target
 from colo_shim.offload import mirrors
 
 DEFAULT = "on"  # on by default only if the H200 host peak rises <= 1 GiB with mirrors (issue 23)
-MCORE = "megatron-core"
-RANGE = ">=0.15,<0.21"  # the same bodies from 0.15 (notes) to 0.20.0 (Megatron-LM 14346b65, NeMo-RL main's pin)
-BUF_RANGE = ">=0.16,<0.21"  # _ParamAndGradBuffer.offload_to_cpu exists from 0.16
-OPT = "megatron.core.optimizer.optimizer"
-BUF = "megatron.core.distributed.param_and_grad_buffer"
-NEMO_OLD = "nemo_rl.models.policy.megatron_policy_worker"  # v0.3, v0.4
-NEMO_NEW = "nemo_rl.models.policy.workers.megatron_policy_worker"  # v0.5 .. main
+# megatron-core: the same method bodies from 0.15 (notes) to 0.20.0 (Megatron-LM 14346b65, NeMo-RL main's
+# pin); _ParamAndGradBuffer.offload_to_cpu from 0.16
+MCORE, RANGE, BUF_RANGE = "megatron-core", ">=0.15,<0.21", ">=0.16,<0.21"
+OPT, BUF = "megatron.core.optimizer.optimizer", "megatron.core.distributed.param_and_grad_buffer"
+WORKER = "nemo_rl.models.policy.{}megatron_policy_worker"  # "" up to v0.4, "workers." from v0.5
 
 
 def declaration() -> Patch:
@@ -58,9 +56,9 @@ def declaration() -> Patch:
             _mcore("ChainedOptimizer.offload_to_cpu", _chained_slots, to_host=True),
             _mcore("ChainedOptimizer.restore_from_cpu", _chained_slots, to_host=False),
             Target(BUF, "_ParamAndGradBuffer.offload_to_cpu", _buffer_first_offload, MCORE, BUF_RANGE),
-            _nemo(NEMO_OLD, "MegatronPolicyWorker.__ray_actor_class__"),
-            _nemo(NEMO_NEW, "MegatronPolicyWorker.__ray_actor_class__", fixed=_impl_layout),
-            _nemo(NEMO_NEW, "MegatronPolicyWorkerImpl"),
+            _nemo(WORKER.format(""), "MegatronPolicyWorker.__ray_actor_class__"),  # v0.3, v0.4
+            _nemo(WORKER.format("workers."), "MegatronPolicyWorker.__ray_actor_class__", fixed=_impl_layout),  # v0.5
+            _nemo(WORKER.format("workers."), "MegatronPolicyWorkerImpl"),  # v0.6 .. main
         ),
         report=_report,
     )

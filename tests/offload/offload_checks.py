@@ -3,21 +3,13 @@ mirror held elsewhere is never written again, and every fallback (budget, knob o
 page-lock failure) leaves the values as the original path does. Each check reports what it saw."""
 
 import logging
+import logging.handlers
 import os
 
 import torch
 
 from fake_cuda import FakeCuda, on_device
 from mcore_child import same, slots, step
-
-
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def _round(st, entry="chained", between=None):
@@ -53,7 +45,8 @@ def run(st, seam, recorder) -> dict:
     from colo_shim.core import config
     from colo_shim.offload import mirrors
 
-    log = Warnings()
+    log = logging.handlers.BufferingHandler(10_000)
+    log.setLevel(logging.WARNING)
     logging.getLogger("colo_shim").addHandler(log)
     out, stats = {}, mirrors.stats
     base = _round(st)
@@ -128,14 +121,16 @@ def run(st, seam, recorder) -> dict:
     from megatron.core.optimizer.optimizer import ChainedOptimizer, MegatronOptimizer
 
     colo_shim.uninstall()  # outermost first: every original comes back, none left wrapped inert
-    originals = not any(isinstance(vars(cls)[name], wrapping.ShimWrapper) for cls in (MegatronOptimizer, ChainedOptimizer)
-                        for name in ("offload_to_cpu", "restore_from_cpu"))
+    entries = [vars(cls)[name] for cls in (MegatronOptimizer, ChainedOptimizer)
+               for name in ("offload_to_cpu", "restore_from_cpu")]
+    originals = not any(isinstance(e, wrapping.ShimWrapper) for e in entries)
     colo_shim.install(["megatron"])
     colo_shim.install(["offload"])  # the other way round: the offload wrappers now sit outside the fence's
     calls, fallbacks, restores = stats["offloads"], stats["fallbacks"], stats["restores"]
     inverted = _round(st)
     out["order_inverted"] = {"equal": inverted["equal"], "restored": inverted["restored"],
-                             "no_copy": stats["offloads"] == calls, "restore_still_mirrored": stats["restores"] > restores,
+                             "no_copy": stats["offloads"] == calls,
+                             "restore_still_mirrored": stats["restores"] > restores,
                              "fallbacks": stats["fallbacks"] - fallbacks, "warned": _said(log, "would run after"),
                              "uninstall_restored_originals": originals}
     colo_shim.uninstall()
@@ -147,7 +142,7 @@ def run(st, seam, recorder) -> dict:
     out["page_lock_fails"] = {"equal": failed["equal"] and again["equal"], "restored": again["restored"],
                               "mode": mirrors.mode(), "mirrors_left": len(mirrors._mirrors),
                               "locked_left": len(seam.locked), "warned": _said(log, "cudaHostRegister")}
-    out["warnings"] = log.messages
+    out["warnings"] = _messages(log)
     return out
 
 
@@ -158,5 +153,9 @@ def _rebuild(inner):
                 s[k] = v.to("cuda", copy=True)
 
 
+def _messages(log) -> list:
+    return [record.getMessage() for record in log.buffer]
+
+
 def _said(log, text) -> int:
-    return sum(text in m for m in log.messages)
+    return sum(text in m for m in _messages(log))
