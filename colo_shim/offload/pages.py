@@ -41,8 +41,10 @@ def allocate(t):
     if nbytes == 0:
         return torch.empty_like(t, device="cpu"), 0
     pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_DONTFORK"):
+    try:
         pages.madvise(mmap.MADV_DONTFORK)
+    except (AttributeError, OSError):  # not Linux, or a sandbox kernel without it: forks are rare here
+        pass
     raw = torch.frombuffer(pages, dtype=torch.uint8)[:meta.untyped_storage().nbytes()]
     return raw.view(t.dtype).as_strided(meta.shape, meta.stride()), nbytes
 

@@ -5,7 +5,8 @@ package index. Set COLO_SHIM_MCORE_TREE to a directory holding that commit's meg
 committed); without it every test here is skipped, so CI stays green:
 
     git -C Megatron-LM archive 14346b65 megatron/core | tar -x -C /tmp/mcore-main
-    COLO_SHIM_MCORE_TREE=/tmp/mcore-main python -m pytest -q -p no:cacheprovider tests/compat/test_compat_megatron_core.py
+    COLO_SHIM_MCORE_TREE=/tmp/mcore-main python -m pytest -q -p no:cacheprovider \
+        tests/compat/test_compat_megatron_core.py
 
 Checks: every megatron-core target of the `megatron` and `offload` families applies on the tree,
 the offload entry points' bodies read the same as in 0.19.2 (the walk the offload family repeats;

@@ -6,8 +6,9 @@ so without a stand-in every offload would be a no-op with or without colo-shim. 
 `.to("cuda")` and factories with `device="cuda"` copy into fresh CPU storage marked as the
 device's; `.cpu()` / `.to("cpu")` copy a marked tensor into unmarked storage; `is_cuda` and
 `device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
-says True (so NeMo-RL's doubles move to "cuda"). Values are real CPU bytes, so every copy is checked bit for bit. The real code paths
-of megatron-core, NeMo-RL's doubles and colo-shim run unchanged; only torch's answers differ.
+says True (so NeMo-RL's doubles move to "cuda"). Values are real CPU bytes, so every copy is checked
+bit for bit. The real code of megatron-core, NeMo-RL's doubles and colo-shim runs unchanged; only
+torch's answers differ.
 
 `FakeCuda(build=True)`, for building and stepping megatron's optimizer, makes `Tensor.type()` name
 CUDA types (its distributed optimizer refuses parameters whose type is not `torch.cuda.*Tensor`) and
