@@ -4,7 +4,7 @@ Every colocated step moves the trainer's optimizer state to host memory before t
 before training. megatron-core and NeMo-RL move it tensor by tensor into fresh pageable memory,
 each copy synchronous: on an H200, 10.52 GiB took 7.1-7.4 s out (1.6 GB/s) and 1.8-2.1 s back,
 most of a colocated step. Into page-locked host tensors made once and reused, with async copies
-and one synchronize, the same bytes took 0.22 s (issue 23, ../docs/architecture.md).
+and one synchronize, the same bytes took 0.22 s (issue 23; README "Optimizer offload").
 
 So each entry point below first moves, through mirrors.py, exactly the tensors its own body
 would move (the same walk, the same `is_cuda` test), then runs its own body, which finds nothing
@@ -21,12 +21,14 @@ tensors after a reload, the old device tensors are dropped as the original drops
   declares it (the same module layouts as the `megatron` family); Ray actor classes are reached
   by the registry (core/ray_actors.py).
 
-The checkpoint fence (family `megatron`) must run before any of these copies, so that no save in
-flight reads storage being replaced. core/families.py lists `offload` before `megatron`, so the
-fence's wrapper is the outer one; where a process installed them the other way round, a wrapper
-here sees a live colo-shim wrapper still to run inside it and takes the original path instead.
+The checkpoint fence (family `megatron`) must run before any of these copies: it makes checkpoint
+writers let go of the storage being replaced. Neither family imports the other: core/families.py
+lists `offload` before `megatron`, the registry wraps in that order, so the fence's wrapper is the
+outer one; where a process installed them the other way round, a wrapper here sees a live colo-shim
+wrapper still to run inside it and takes the original path instead (one warning).
 
-COLO_SHIM_OFFLOAD=off (or COLO_SHIM_DISABLE=offload) turns mirrors off; DEFAULT below is whether they are on.
+Host memory: mirrors stay while training, bounded per rank (budget.py). COLO_SHIM_OFFLOAD=off (or
+COLO_SHIM_DISABLE=offload) turns mirrors off; DEFAULT below says whether they are on.
 """
 
 from __future__ import annotations
