@@ -140,10 +140,10 @@ def main(as_json: bool = False, import_targets: bool = False, from_dir: str | No
         return 0
     print(header)
     print(format_table(records))
-    fence_rows = _fence_advice()
-    if fence_rows:
-        print("\ncheckpoint fence:")
-        print(format_table(fence_rows))
+    for title, rows in (("checkpoint fence", _fence_advice()), ("offload mirrors", _offload_advice())):
+        if rows:
+            print(f"\n{title}:")
+            print(format_table(rows))
     return 0
 
 
@@ -155,3 +155,13 @@ def _fence_advice() -> list[dict]:
         return advice.rows()
     except Exception as exc:  # advice must never break doctor
         return [dict(name="nvrx", target="release strategy", status="unknown", reason=f"{type(exc).__name__}: {exc}")]
+
+
+def _offload_advice() -> list[dict]:
+    """Whether the optimizer's host mirrors are on, and the host memory they may keep per rank."""
+    try:
+        from colo_shim.offload import budget, megatron
+
+        return budget.rows(megatron.DEFAULT)
+    except Exception as exc:
+        return [dict(name="offload", target="host mirrors", status="unknown", reason=f"{type(exc).__name__}: {exc}")]

@@ -33,6 +33,9 @@ _OFF = ("", "0", "off", "false", "no")
 _ALL = ("1", "all")
 _TRUE = ("1", "true", "yes", "on")
 _said: set = set()
+# the offload family (colo_shim/offload): its mirrors on or off, and the host memory they may hold per rank
+OFFLOAD = "COLO_SHIM_OFFLOAD"
+OFFLOAD_HOST_GIB = "COLO_SHIM_OFFLOAD_HOST_GIB"
 
 
 class ConfigError(ValueError):
@@ -132,7 +135,7 @@ def retired_knobs() -> None:
                  "(COLO_SHIM_NVRX_RELEASE=stage runs as inplace); unset to silence this line", strict_mode=False)
 
 
-def env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float, unit: str = "seconds", example: str = "30") -> float:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -142,7 +145,7 @@ def env_float(name: str, default: float) -> float:
         value = float("nan")
     if value == value and value >= 0:
         return value
-    complain(f"{name}={raw!r} is not valid; use a non-negative number of seconds, e.g. {name}=30",
+    complain(f"{name}={raw!r} is not valid; use a non-negative number of {unit}, e.g. {name}={example}",
              fallback="ignored: the default applies")
     return default
 

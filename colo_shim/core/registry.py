@@ -64,6 +64,7 @@ class _State:
     original: object = field(default=wrapping._MISSING, repr=False)
     owner: object = field(default=None, repr=False)
     twins: list = field(default_factory=list, repr=False)  # (owner, original): copies Ray unpickled here
+    seq: int = 0  # when it was applied: uninstall unwraps in reverse, so wrappers sharing an attribute come off
 
 
 _lock = threading.RLock()
@@ -72,6 +73,7 @@ _states: dict[tuple[str, str], _State] = {}
 _hooked: set[str] = set()
 _enabled: set[str] = set()
 _broken: dict[str, str] = {}
+_applied = itertools.count(1)
 
 
 def families() -> dict[str, Patch]:
@@ -148,7 +150,7 @@ def _apply(state: _State, module, owner=None) -> None:
         if twin:
             state.twins.append((owner, original))
         else:
-            state.owner, state.original = owner, original
+            state.owner, state.original, state.seq = owner, original, next(_applied)
             state.status, state.reason = APPLIED, ""
         log.info("colo_shim: patched %s %s%s (%s %s)", state.patch, target.key, " (Ray actor copy)" if twin else "",
                  target.distribution or target.module, state.installed_version or "unknown version")
@@ -253,7 +255,7 @@ def install(patches=None, strict=None) -> list[dict]:
 def uninstall() -> None:
     """Restore every original exactly; wrappers someone else wrapped over stay but turn inert."""
     with _lock:
-        for state in _states.values():
+        for state in sorted(_states.values(), key=lambda s: -s.seq):  # last applied (outermost) first
             if state.status == APPLIED:
                 key = f"{state.patch}:{state.target.key}"
                 name = state.target.attribute.rsplit(".", 1)[-1]

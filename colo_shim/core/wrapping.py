@@ -117,6 +117,19 @@ def is_ours(obj, key: str) -> bool:
     return isinstance(obj, ShimWrapper) and getattr(obj, "_self_colo_shim_key", None) == key
 
 
+def inner_keys(wrapped) -> list:
+    """Keys of the live colo-shim wrappers a wrapper's `wrapped` still runs, outermost first."""
+    keys, obj = [], wrapped
+    for _ in range(32):  # a chain of __wrapped__ (functools.wraps) never loops, but never trust it
+        shim = getattr(obj, "_self_parent", None) if isinstance(obj, wrapt.BoundFunctionWrapper) else obj
+        if isinstance(shim, ShimWrapper) and shim._self_enabled is not False:
+            keys.append(shim._self_colo_shim_key)
+        obj = getattr(obj, "__wrapped__", None)
+        if obj is None:
+            break
+    return keys
+
+
 def wrap(owner, name: str, wrapper, key: str, enabled=None):
     """Install wrapper; returns the value to pass to unwrap() (the original own-dict entry).
 

@@ -91,7 +91,7 @@ def test_from_a_missing_or_empty_directory_says_what_to_set(tmp_path):
 @pytest.mark.parametrize("value,says", [
     ("bogus", "(names no known family: processes with this environment patch nothing)"),
     ("nvrx,bogus", "(active: nvrx)"),
-    ("1", "(active: nvrx, megatron, vllm)"),
+    ("1", "(active: nvrx, offload, megatron, vllm)"),
 ])
 def test_header_says_what_is_really_active(value, says):
     proc = doctor(env={"COLO_SHIM": value})

@@ -173,7 +173,7 @@ def test_unknown_patch_family_is_an_error_naming_the_valid_ones(where, tmp_path)
     proc = _run_cli(["touch", str(marker)], *args, env=env, bundle=str(tmp_path / "b"))
     assert proc.returncode == 2 and not marker.exists(), proc
     lines = [line for line in proc.stderr.splitlines() if line.strip() and line.startswith("colo-shim run")]
-    assert len(lines) == 1 and "'nope'" in lines[0] and "valid: all, nvrx, megatron, vllm" in lines[0], lines
+    assert len(lines) == 1 and "'nope'" in lines[0] and "valid: all, nvrx, offload, megatron, vllm" in lines[0], lines
     if where == "--patches":  # from the environment, the CLI's own `import colo_shim` already warned once
         assert proc.stderr.strip() == lines[0], proc.stderr
 

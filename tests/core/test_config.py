@@ -13,7 +13,8 @@ PROBE = """
 
 
 @pytest.mark.parametrize("value,expected", [
-    ("1", ["megatron", "nvrx", "vllm"]), ("all", ["megatron", "nvrx", "vllm"]), (" ALL ", ["megatron", "nvrx", "vllm"]),
+    ("1", ["megatron", "nvrx", "offload", "vllm"]), ("all", ["megatron", "nvrx", "offload", "vllm"]),
+    (" ALL ", ["megatron", "nvrx", "offload", "vllm"]),
     ("nvrx", ["nvrx"]), ("vllm, megatron", ["megatron", "vllm"]), ("0", []), ("", []),
 ])
 def test_colo_shim_selects_patches(value, expected):
@@ -33,7 +34,7 @@ def test_unset_means_off_and_imports_nothing_heavy():
 
 
 def test_disable_list_wins():
-    child = run_python(PROBE, env={"COLO_SHIM": "all", "COLO_SHIM_DISABLE": "nvrx,vllm"})
+    child = run_python(PROBE, env={"COLO_SHIM": "all", "COLO_SHIM_DISABLE": "nvrx,vllm,offload"})
     assert last_json(child) == ["megatron"]
 
 
@@ -53,7 +54,7 @@ def test_bad_value_gives_one_clear_line(var, value):
 def test_bad_value_in_strict_mode_is_an_error():
     child = run_python("import colo_shim", env={"COLO_SHIM": "yes please", "COLO_SHIM_STRICT": "1"}, check=False)
     assert child.returncode != 0
-    assert "ConfigError" in child.stderr and "valid values: 0, 1, all, nvrx, megatron, vllm" in child.stderr
+    assert "ConfigError" in child.stderr and "valid values: 0, 1, all, nvrx, offload, megatron, vllm" in child.stderr
 
 
 def test_family_knobs_validate_values():
@@ -66,6 +67,30 @@ def test_family_knobs_validate_values():
     assert last_json(child) == ["auto", 2.5, 5.0]
     assert "X_CHOICE='Sometimes' is not valid; valid values: auto, always, never" in child.stderr
     assert "X_NEG='-1' is not valid" in child.stderr
+
+
+def test_offload_knobs_are_read_through_config():
+    child = run_python("""
+        import json
+        from colo_shim.offload import budget, megatron
+        print(json.dumps([megatron.on(), budget.limit()]))
+    """, env={"COLO_SHIM_OFFLOAD": "Maybe", "COLO_SHIM_OFFLOAD_HOST_GIB": "-3", "LOCAL_WORLD_SIZE": "4"})
+    on, (cap, source) = last_json(child)
+    assert on is (megatron_default() == "on") and cap > 0 and "/ 4 ranks (torchrun: LOCAL_WORLD_SIZE)" in source
+    assert "COLO_SHIM_OFFLOAD='Maybe' is not valid; valid values: on, off" in child.stderr
+    assert "COLO_SHIM_OFFLOAD_HOST_GIB='-3' is not valid; use a non-negative number of GiB" in child.stderr
+    child = run_python("""
+        import json
+        from colo_shim.offload import budget, megatron
+        print(json.dumps([megatron.on(), budget.limit()]))
+    """, env={"COLO_SHIM_OFFLOAD": "off", "COLO_SHIM_OFFLOAD_HOST_GIB": "1.5"})
+    assert last_json(child) == [False, [3 << 29, "COLO_SHIM_OFFLOAD_HOST_GIB=1.5"]]
+
+
+def megatron_default() -> str:
+    from colo_shim.offload import megatron
+
+    return megatron.DEFAULT
 
 
 def test_log_level_attaches_one_handler():

@@ -29,12 +29,21 @@ def move_model_storage(model, device: str, move_params: bool = True, move_grads:
 
 
 def move_optimizer_state(optimizer, device: str) -> None:
+    """Upstream's move_optimizer (v0.5 .. main): a ChainedOptimizer's `state`, else megatron's
+    `_get_state()` (a torch optimizer's `state` here), and only tensors not already there."""
     if optimizer is None:
         return
-    for state in optimizer.state.values():
+    if hasattr(optimizer, "chained_optimizers") or not hasattr(optimizer, "_get_state"):
+        optimizer_state = optimizer.state
+    else:
+        optimizer_state = optimizer._get_state()
+    for _, state in optimizer_state.items():
         for k, v in state.items():
-            if isinstance(v, torch.Tensor):
-                state[k] = v.to(device_or_cpu(device))
+            if torch.is_tensor(v):
+                if device == "cpu" and v.is_cuda:
+                    state[k] = v.to("cpu")
+                elif device == "cuda" and not v.is_cuda:
+                    state[k] = v.to(device_or_cpu("cuda"))
 
 
 def init_storage(worker, config) -> None:

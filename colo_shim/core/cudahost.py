@@ -1,0 +1,32 @@
+"""The one seam between colo-shim and the CUDA runtime's host-memory registration.
+
+Fixes page-lock host buffers they did not allocate through torch (NVRx's /dev/shm staging
+buffers, the offload family's mirrors) with cudaHostRegister, so that copies into them run at the
+link's speed. Tests replace an instance of this class with a recorder; the GPU runs exercise it
+for real. torch is never imported here: a process that has not imported it has nothing to lock.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class CudaHost:
+    def ready(self) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and torch.cuda.is_initialized()
+
+    def register(self, ptr: int, nbytes: int) -> None:
+        torch = sys.modules["torch"]
+        code = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+        if code != 0:
+            raise RuntimeError(f"cudaHostRegister returned cudaError {code}")
+
+    def unregister(self, ptr: int) -> None:
+        torch = sys.modules["torch"]
+        code = int(torch.cuda.cudart().cudaHostUnregister(ptr))
+        if code != 0:
+            raise RuntimeError(f"cudaHostUnregister returned cudaError {code}")
+
+    def synchronize(self) -> None:
+        sys.modules["torch"].cuda.synchronize()

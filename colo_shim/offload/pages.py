@@ -1,0 +1,73 @@
+"""Host memory for mirrors: whole pages of an anonymous mapping, page-locked with cudaHostRegister.
+
+Not torch's pinned allocator: it rounds each block up to a power of two and keeps freed blocks
+cached, up to twice the memory and never given back; a mapping costs whole pages (4 KiB at most
+over per tensor) and goes back to the kernel when the last tensor on it is freed. Pages are
+registered one mapping each, so no two registrations share a page (CUDA refuses a second one), and
+are kept from fork (a child's copy-on-write would leave the device writing pages the parent no
+longer maps). The laid-out tensor is what `.cpu()` would have returned: same shape, dtype and
+strides (torch.empty_like keeps them where `.cpu()` does).
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+import time
+
+from colo_shim.core.cudahost import CudaHost
+
+host = CudaHost()  # the one seam to the CUDA runtime (tests swap in a recorder)
+stats = {"lock_s": 0.0}
+
+
+class LockFailed(RuntimeError):
+    """cudaHostRegister refused: the caller stops using page-locked mirrors."""
+
+
+def size(t) -> int:
+    """Bytes of whole pages a host copy of t takes."""
+    return -(-_layout(t).untyped_storage().nbytes() // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def _layout(t):
+    return sys.modules["torch"].empty_like(t, device="meta")
+
+
+def allocate(t):
+    """(a host tensor laid out as `t.cpu()` on fresh pages, bytes of those pages)."""
+    torch = sys.modules["torch"]
+    meta, nbytes = _layout(t), size(t)
+    if nbytes == 0:
+        return torch.empty_like(t, device="cpu"), 0
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        pages.madvise(mmap.MADV_DONTFORK)
+    except (AttributeError, OSError):  # not Linux, or a sandbox kernel without it: forks are rare here
+        pass
+    raw = torch.frombuffer(pages, dtype=torch.uint8)[:meta.untyped_storage().nbytes()]
+    return raw.view(t.dtype).as_strided(meta.shape, meta.stride()), nbytes
+
+
+def lock(tensor, nbytes: int) -> None:
+    begin = time.perf_counter()
+    try:
+        host.register(tensor.untyped_storage().data_ptr(), nbytes)
+    except Exception as exc:
+        raise LockFailed(f"cudaHostRegister of {nbytes} bytes failed: {type(exc).__name__}: {exc}") from exc
+    stats["lock_s"] = round(stats["lock_s"] + time.perf_counter() - begin, 6)
+
+
+def unlock(tensors, log) -> None:
+    """Unregister after one synchronize: no copy into or out of these pages may still be running."""
+    if not tensors:
+        return
+    try:
+        host.synchronize()
+    except Exception as exc:
+        log.debug("colo_shim: synchronize before unlocking mirrors failed: %s", exc)
+    for tensor in tensors:
+        try:
+            host.unregister(tensor.untyped_storage().data_ptr())
+        except Exception as exc:
+            log.debug("colo_shim: cudaHostUnregister failed: %s", exc)
