@@ -53,19 +53,27 @@ def _writer_cls():
     return FileSystemWriterAsync
 
 
-def while_writing(opts):
-    """save (write held) -> fence -> offload/reload -> write released -> finalize -> save, save."""
+def _held_first_save(seed):
+    """A queue whose first save's write is held by gate1, played as one that was sent CUDA tensors."""
     cs = _install()
     cs.init_single_rank()
-    import colo_shim
-    from colo_shim.checkpoint import door, fence, state
+    from colo_shim.checkpoint import state
 
     root = tempfile.mkdtemp()
     q = cs.make_queue(shm=True)
-    live = _state(0)
+    live = _state(seed)
     _gated_save(cs, q, live, f"{root}/s1", f"{root}/gate1")
     snapshot = {k: v.clone() for k, v in live.items()}
     state.note_cuda_sent(q)
+    return cs, root, q, live, snapshot
+
+
+def while_writing(opts):
+    """save (write held) -> fence -> offload/reload -> write released -> finalize -> save, save."""
+    cs, root, q, live, snapshot = _held_first_save(0)
+    import colo_shim
+    from colo_shim.checkpoint import door, fence, state
+
     out = {}
     if opts.get("no_door"):
         door._TOKEN += "-not-the-workers"  # the worker's door is elsewhere: as a worker without colo-shim  # the fallback waits for the write: open the gate once it waits
@@ -102,17 +110,10 @@ def while_writing(opts):
 
 def next_save_during_write(opts):
     """The next save is scheduled while the released writer still writes the previous one."""
-    cs = _install()
-    cs.init_single_rank()
+    cs, root, q, live, first = _held_first_save(1)
     import colo_shim
     from colo_shim.checkpoint import state
 
-    root = tempfile.mkdtemp()
-    q = cs.make_queue(shm=True)
-    live = _state(1)
-    _gated_save(cs, q, live, f"{root}/s1", f"{root}/gate1")
-    first = {k: v.clone() for k, v in live.items()}
-    state.note_cuda_sent(q)
     report = colo_shim.fence("offload").as_dict()
     live = {k: v * 2 for k, v in live.items()}  # reload with new values at new addresses
     import threading

@@ -54,19 +54,18 @@ class MegatronPolicyWorkerImpl:
 
     def offload_before_refit(self):
         """Offload the optimizer and buffers to the CPU."""
-        with Parts(self.parts, "before") as part:
-            if MAIN:
-                part("fence", self._timed_finalize)
-            self.model = part("grads", self.move_model, self.model, "cpu", move_params=False, move_grads=True)
-            part("optimizer", self.move_optimizer, "cpu")
-            part("empty_cache", lambda: (gc.collect(), core.empty_cache()))
+        self._offload("before", "grads", move_params=False)
 
     def offload_after_refit(self):
         """Offload as much as possible on the CPU."""
-        with Parts(self.parts, "after") as part:
+        self._offload("after", "params_grads", move_params=True)
+
+    def _offload(self, kind: str, buffers: str, move_params: bool):
+        """Upstream's body of both offloads, timed in parts (harness timing only)."""
+        with Parts(self.parts, kind) as part:
             if MAIN:
                 part("fence", self._timed_finalize)
-            self.model = part("params_grads", self.move_model, self.model, "cpu", move_params=True, move_grads=True)
+            self.model = part(buffers, self.move_model, self.model, "cpu", move_params=move_params, move_grads=True)
             part("optimizer", self.move_optimizer, "cpu")
             part("empty_cache", lambda: (gc.collect(), core.empty_cache()))
 
