@@ -182,13 +182,13 @@ def svg(report, title: str = "") -> str:
     validation) and the GPU memory the writer still held after the offload, i.e. what the next
     wake-up had to do without. Plain SVG, no plotting library."""
     data = [r for r in rows(report) if r["steps"]]
-    label_w, bar_w, row_h, top = 230, 300, 22, 48
+    label_w, bar_w, row_h, top = 370, 280, 22, 48
     height = top + row_h * len(data) + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + 2 * (bar_w + 90)}" height="{height}" '
            'font-family="sans-serif" font-size="12">',
            f'<text x="4" y="16" font-size="14" font-weight="bold">{_esc(title)}</text>']
     panels = (("step s with a save in flight", "step_plain_s", "#4878a8"),
-              ("GiB held by the writer at wake-up", "held_gib", "#c8553d"))
+              ("GiB still reserved after the offload", "held_gib", "#c8553d"))
     for p, (name, key, color) in enumerate(panels):
         x0 = label_w + p * (bar_w + 90)
         vmax = max([r[key] for r in data if r[key] is not None] or [1.0]) or 1.0
