@@ -15,7 +15,6 @@ training tracker needs CUDA RNG state) and `torch.cuda.current_device` answering
 import os
 import sys
 
-import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for the child
 from helpers import REPO, deps_dir, last_json, run_python
@@ -23,6 +22,7 @@ from helpers import REPO, deps_dir, last_json, run_python
 SIZES = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=32,
              ffn_hidden_size=96, layernorm_epsilon=1e-6)
 VOCAB, SEQ, ROPE_THETA = 128, 24, 5000.0
+TOOL = os.path.join(REPO, "bench", "real_vllm", "make_random_llama.py")
 ATOL = 1e-4  # fp32; observed max |diff| is printed in the result
 
 
@@ -46,18 +46,18 @@ def test_converted_llama_matches_megatron_logits():
 
 
 def test_hf_dir_tokenizer_covers_the_vocabulary(tmp_path):
-    """With tokenizer=True the dir also holds the shared tool's tokenizer, sized to the model's vocabulary."""
+    """With tokenizer=True the dir also holds the random-Llama tool's tokenizer, sized to the model's vocabulary.
+
+    The tool is the repo's own copy (bench/real_vllm/make_random_llama.py), named explicitly: the
+    default search also looks above the checkout, which a fresh clone does not have.
+    """
     sys.path.insert(0, REPO)
     from transformers import AutoConfig, AutoTokenizer
 
     from bench.e2e import convert
 
-    try:
-        convert._load_tool(None)
-    except FileNotFoundError as exc:
-        pytest.skip(f"shared tool not in this checkout: {exc}")
     config = {"model_type": "llama", "vocab_size": 1024, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}
-    convert.write_hf_dir(str(tmp_path), config, tokenizer=True)
+    convert.write_hf_dir(str(tmp_path), config, tokenizer=True, tool=TOOL)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     assert len(tok) == 1024 and tok.decode([1023]).strip()
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 3)
@@ -95,7 +95,8 @@ def _child() -> None:
     tcfg, model = build()
     with torch.no_grad():  # every tensor random, norms away from 1, so no mapping can hide behind init values
         for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.3 * torch.randn_like(p) if name.endswith("layernorm.weight") else 0.15 * torch.randn_like(p))
+            norm = name.endswith("layernorm.weight")
+            p.copy_(1.0 + 0.3 * torch.randn_like(p) if norm else 0.15 * torch.randn_like(p))
     model.eval()
 
     ids = torch.randint(0, VOCAB, (3, SEQ))
@@ -145,8 +146,9 @@ def _child() -> None:
         "kv_groups_swapped": mutate(**{"self_attn.k_proj": lambda i, t: swap_halves(t)}),
         "q_rotary_halves_interleaved": mutate(**{"self_attn.q_proj": lambda i, t: t.view(
             SIZES["num_attention_heads"], 2, SIZES["kv_channels"] // 2, -1).transpose(1, 2).reshape(t.shape)}),
-        "norms_swapped": mutate(**{"input_layernorm": lambda i, _: weights[f"model.layers.{i}.post_attention_layernorm.weight"],
-                                   "post_attention_layernorm": lambda i, _: weights[f"model.layers.{i}.input_layernorm.weight"]}),
+        "norms_swapped": mutate(**{
+            "input_layernorm": lambda i, _: weights[f"model.layers.{i}.post_attention_layernorm.weight"],
+            "post_attention_layernorm": lambda i, _: weights[f"model.layers.{i}.input_layernorm.weight"]}),
     }
     control_diffs = {name: (logits(state) - ref).abs().max().item() for name, state in controls.items()}
 
