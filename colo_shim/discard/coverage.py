@@ -132,11 +132,6 @@ def set_preserve_globs_rpc(worker, names: list[str]) -> int:
     return sum(params[n].numel() * params[n].element_size() for n in names if n in params)
 
 
-def held_bytes_rpc(worker) -> int:
-    """CPU bytes the shim itself holds in this worker (for the benchmark and the report)."""
-    return sum(t.numel() * t.element_size() for t in worker.__dict__.get(_SAVED, {}).values())
-
-
 def wake_steps(st, tags) -> list:
     """Steps to run right after a wake-up: the CPU copies go back once the weights are mapped."""
     if (tags is None or "weights" in tags) and st.discarded and st.preserve_mode == "shim-cpu-copy":
@@ -198,10 +193,6 @@ class Coverage:
             covered = self.covered[rank] if rank < len(self.covered) else frozenset()
             names.update(n for n in params if n not in covered)
         return sorted(names)
-
-    def uncovered_bytes(self) -> int:
-        names = set(self.uncovered())
-        return sum(b for params in self.params for n, b in params.items() if n in names)
 
     def total_bytes(self) -> int:
         return sum(sum(p.values()) for p in self.params)
