@@ -1,10 +1,18 @@
-"""`colo-shim` command line: run, bundle, doctor, demo."""
+"""`colo-shim` command line: run, bundle, doctor, demo.
+
+Every argument of every subcommand is declared here, so `--help` describes each one and a bad one
+is refused before any work starts (argparse: one usage line, exit 2). A user's mistake that only
+shows later (a directory that cannot be written) is one line naming the command, never a
+traceback; a closed pipe (`colo-shim doctor | head -1`) is not a mistake at all and ends quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+
+EXIT_PIPE = 141  # what a shell reports for a process ended by SIGPIPE, e.g. `yes | head -1`
 
 
 def _patches_error(value: str, source: str) -> str | None:
@@ -35,14 +43,18 @@ def _bootstrap_dir(where: str | None) -> str:
 
 
 def _run(args) -> int:
+    from colo_shim.core import config
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         print("colo-shim run: give a command, e.g. colo-shim run -- python train.py", file=sys.stderr)
         return 2
-    value, source = (args.patches, "--patches") if args.patches is not None else \
-        (os.environ.get("COLO_SHIM", "all"), "COLO_SHIM in the environment")
+    value, source = args.patches, "--patches"
+    if value is None:
+        value, source = os.environ.get(config.ENABLE), f"{config.ENABLE} in the environment"
+        value = "all" if value is None else value
     error = _patches_error(value, source)
     if error:
         print(f"colo-shim run: {error}", file=sys.stderr)
@@ -50,7 +62,7 @@ def _run(args) -> int:
     bootstrap = _bootstrap_dir(args.bundle)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([bootstrap] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env["COLO_SHIM"] = value
+    env[config.ENABLE] = value
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
@@ -78,32 +90,80 @@ def _doctor(args) -> int:
 def _demo(args) -> int:
     from colo_shim.cli import demo
 
-    return demo.main(args.demo_args)
+    return demo.main(args)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    import colo_shim
+
+    top = argparse.ArgumentParser(prog="colo-shim", description=colo_shim.__doc__.splitlines()[0])
+    top.add_argument("-V", "--version", action="version", version=f"colo-shim {colo_shim.__version__}")
+    sub = top.add_subparsers(dest="cmd", required=True, metavar="{run,bundle,doctor,demo}")
+    run = sub.add_parser("run", help="run a command with colo-shim active in it and every child process",
+                         usage="colo-shim run [-h] [--patches FAMILIES] [--bundle DIR] -- COMMAND ...",
+                         description="Run COMMAND with colo-shim active in it and in every process it starts.")
+    run.add_argument("--patches", metavar="FAMILIES", help="comma list of patch families: all (default, or "
+                     "COLO_SHIM when set), nvrx, megatron, vllm")
+    run.add_argument("--bundle", metavar="DIR", help="where to keep the bootstrap copy of colo_shim and wrapt "
+                     "(default ~/.cache/colo-shim); on several nodes, a directory all of them see")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the job's command line, after --")
+    run.set_defaults(func=_run)
+    bun = sub.add_parser("bundle", help="write a self-contained bootstrap directory for PYTHONPATH",
+                         description="Write colo_shim, a pure-Python wrapt and the bootstrap into DIR, for "
+                                     "interpreters where colo-shim is not installed.")
+    bun.add_argument("dir", metavar="DIR", help="directory to write (created; an existing copy is replaced)")
+    bun.set_defaults(func=_bundle)
+    doc = sub.add_parser("doctor", help="show each patch's status in this environment",
+                         description="Show what each patch would do in this environment, or did in a job.")
+    doc.add_argument("--json", action="store_true", help="print the records as JSON instead of a table")
+    doc.add_argument("--import", dest="import_targets", action="store_true",
+                     help="import the installed targets, so the patches apply for real")
+    doc.add_argument("--from", dest="from_dir", metavar="DIR",
+                     help="read the status files the job's processes wrote to COLO_SHIM_STATUS_DIR=DIR")
+    doc.set_defaults(func=_doctor)
+    demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device",
+                          description="Train, save async with NVRx, offload, reload and save again, without and "
+                                      "with the shim, each in a fresh process; exit 1 when the shim's row does "
+                                      "not show the fix.")
+    demo.add_argument("--mib", type=_positive, default=None, metavar="MIB",
+                      help="size of the parameters + Adam state in MiB (default 1024 on a GPU, 16 on CPU)")
+    demo.add_argument("--timeout", type=_positive, default=900, metavar="SECONDS",
+                      help="safety limit per run (default 900); a hang is detected by its cause, not by this")
+    demo.add_argument("--json", action="store_true", help="print the two rows as JSON instead of a table")
+    demo.set_defaults(func=_demo)
+    return top
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="colo-shim", description=__import__("colo_shim").__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="run a command with colo-shim active in it and every child process")
-    run.add_argument("--patches", help="comma list of patch families (default: all, or COLO_SHIM)")
-    run.add_argument("--bundle", metavar="DIR", help="where to keep the bootstrap copy of colo_shim and wrapt "
-                     "(default ~/.cache/colo-shim); on several nodes, a directory all of them see")
-    run.add_argument("command", nargs=argparse.REMAINDER)
-    run.set_defaults(func=_run)
-    bun = sub.add_parser("bundle", help="write a self-contained bootstrap directory for PYTHONPATH")
-    bun.add_argument("dir")
-    bun.set_defaults(func=_bundle)
-    doc = sub.add_parser("doctor", help="show each patch's status in this environment")
-    doc.add_argument("--json", action="store_true")
-    doc.add_argument("--import", dest="import_targets", action="store_true", help="import targets to apply for real")
-    doc.add_argument("--from", dest="from_dir", help="read status files written by processes (COLO_SHIM_STATUS_DIR)")
-    doc.set_defaults(func=_doctor)
-    demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device (--help for options)",
-                          add_help=False)
-    demo.set_defaults(func=_demo)
-    args, extra = parser.parse_known_args(argv)
-    if args.cmd != "demo" and extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.demo_args = extra
-    return args.func(args)
-
+    args = parser().parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit where it cannot be caught
+        return code
+    except BrokenPipeError:  # the reader went away (| head): nothing left to say, and no one to say it to
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        except OSError:
+            pass
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print(f"colo-shim {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # a path the user named: missing, read-only, not a directory
+        print(f"colo-shim {args.cmd}: error: {exc.strerror or exc}"
+              f"{': ' + repr(exc.filename) if exc.filename else ''}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # bundle copies wrapt and packaging: this interpreter lacks one
+        print(f"colo-shim {args.cmd}: error: {exc}", file=sys.stderr)
+        return 1

@@ -107,7 +107,8 @@ def _from_dir(directory: str, as_json: bool) -> int:
 def _header() -> str:
     """What processes started with this environment really patch, not just whether COLO_SHIM is set."""
     state = os.environ.get(config.ENABLE)
-    head = f"colo-shim {__import__('colo_shim').__version__}; COLO_SHIM={state!r}"
+    setting = f"{config.ENABLE}={state!r}" if state is not None else f"{config.ENABLE} unset"
+    head = f"colo-shim {__import__('colo_shim').__version__}; {setting}"
     if not config.active():
         return f"{head} (inactive: processes with this environment patch nothing)"
     wanted = config.requested_patches(tuple(registry.families()))

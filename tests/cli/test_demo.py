@@ -21,9 +21,19 @@ def _rows(stdout: str) -> dict:
 def test_demo_shows_the_hang_by_its_cause_without_and_an_equal_checkpoint_with_the_shim():
     proc = run_python("import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))",
                       args=("demo", "--mib", "1", "--timeout", "600"), pythonpath=(deps_dir("nvrx", "0.7.0"),),
-                      timeout=1300)
+                      timeout=1300)  # exit 0 checked by run_python: the shim's row shows the fix
     rows = _rows(proc.stdout)
-    assert not rows["no shim"][4].startswith("no: timed out"), f"no cause detected, only the safety limit: {proc.stdout}"
+    closing = proc.stdout.splitlines()[-1]
+    assert closing.startswith("the good result is 'checkpoint == live: yes': the 'with shim' row shows the fix, "
+                              "the 'no shim' row shows the bug (hang: the NVRx writer died on a cache miss"), closing
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("colo-shim demo: ")]
+    for row in ("no shim", "with shim"):  # said while it runs, phase by phase, for each run
+        phases = [line for line in progress if line.startswith(f"colo-shim demo: {row}: ")]
+        assert len(phases) >= 6 and phases[-1].startswith(f"colo-shim demo: {row}: done in "), progress
+    assert any("with shim: reading the checkpoint back" in line for line in progress), progress
+    assert rows["with shim"][3] == "n/a on CPU", proc.stdout
+    no_cause = f"no cause detected, only the safety limit:\n{proc.stdout}"
+    assert not rows["no shim"][4].startswith("no: timed out"), no_cause
     assert rows["no shim"][4].startswith("no: hang: the NVRx writer died on a cache miss (exit code"), proc.stdout
     assert "preload_q.join()" in rows["no shim"][4], proc.stdout
     assert rows["with shim"][4] == "yes", proc.stdout
