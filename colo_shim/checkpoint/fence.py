@@ -94,6 +94,14 @@ def _is_nvrx(queue) -> bool:
     return type(queue).__module__.startswith("nvidia_resiliency_ext") and hasattr(queue, "persistent_caller")
 
 
+def _worker_dead(caller) -> bool:
+    """A persistent worker that exited without reporting (a temporal one has no comp_q: not judged)."""
+    proc, comp_q = getattr(caller, "process", None), getattr(caller, "comp_q", None)
+    if proc is None or comp_q is None or proc.is_alive():
+        return False
+    return getattr(caller, "cur_item", None) is None and comp_q.empty()
+
+
 def _acquire(wait: Wait, queue) -> None:
     while not lock.acquire(timeout=0.05):  # a host thread is finalizing: let it finish first
         wait.tick(queue, "a finalize running in another thread")
@@ -108,9 +116,7 @@ def _finalize(queue, wait: Wait) -> int:
             done += len(queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
             if not pending(queue):
                 return done
-            caller = getattr(queue.async_calls[0], "async_caller", None)
-            proc = getattr(caller, "process", None)
-            if proc is not None and not proc.is_alive() and caller.comp_q.empty() and caller.cur_item is None:
+            if _worker_dead(getattr(queue.async_calls[0], "async_caller", None)):
                 raise CheckpointWorkerDied(f"colo_shim fence: rank {rank()}: checkpoint worker exited with a "
                                            f"save pending on {describe(queue)}")
             wait.tick(queue)
@@ -158,7 +164,7 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
             if how:
                 report.released.append(how)
         if pending(queue) and state.host_snapshotted():
-            release.check_alive(queue)  # a save left writing on a dead writer would hang the next finalize
+            release.check_alive(queue, wait)  # a save left writing on a dead writer would hang the next finalize
             state.note_left_writing(queue)
             report.not_waited += 1
         elif pending(queue):

@@ -158,13 +158,12 @@ def _mismatch(queue, caller, freed: list) -> str | None:
     return None
 
 
-def check_alive(queue) -> None:
+def check_alive(queue, wait) -> None:
     """Raise when a pending save's worker died before reporting it (its write is lost)."""
     for call in list(queue.async_calls):
-        caller = call.async_caller
-        proc = getattr(caller, "process", None)
+        proc = getattr(call.async_caller, "process", None)
         if proc is not None and not proc.is_alive():
-            await_writes(queue, None)  # reads what the dead worker did report; raises for the rest
+            await_writes(queue, wait)  # reads what the dead worker did report; raises for the rest
             return
 
 
