@@ -1,8 +1,9 @@
-"""Checkpoints of the e2e harness: at most two on disk, each verified once its write is finalized.
+"""Checkpoints of the e2e harness: at most three on disk, each verified once its write is finalized.
 
 The verifiers are their own processes (bench instruments: their reads would otherwise stall the
-trainer), two of them because reading a 14 GiB checkpoint back takes 25-30 s on the H200 host,
-longer than a fast step, and the two-on-disk limit would otherwise hold the next save; each reads
+trainer), three of them because reading a 14 GiB checkpoint back takes 25-30 s on the H200 host,
+longer than a fast step: with two, and two on disk, the next save waited 10-17 s per step for a
+verifier (calls 14-16's instrument_s), device time that bought nothing; each reads
 a checkpoint back with bench_fence_megatron._compare against the fingerprints of the live state
 taken when the save was scheduled.
 """
@@ -13,7 +14,7 @@ import os
 import shutil
 import sys
 
-VERIFIERS = 2
+VERIFIERS = 3  # and as many checkpoints kept on disk
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -39,7 +40,7 @@ def _verify_loop(inbox, outbox):
 
 
 class Checkpointer:
-    """NeMo-RL's CheckpointManager reduced to what the harness needs: tmp dirs per step, at most two
+    """NeMo-RL's CheckpointManager reduced to what the harness needs: tmp dirs per step, at most three
     checkpoints on disk (/dev/shm), and verification of each once its write is finalized (by the
     next save's leading blocking finalize, or at the end of the run).
 
@@ -64,7 +65,7 @@ class Checkpointer:
         self.waiting = {}
 
     def init_tmp_checkpoint(self, step, info):
-        while len(self.on_disk) >= 2:  # keep at most two: wait until the oldest is verified, drop it
+        while len(self.on_disk) >= VERIFIERS:  # keep at most three: wait until the oldest is verified, drop it
             old_step, old_path = self.on_disk[0]
             if old_step in self.waiting:
                 with self.rec.instrument():  # the verifier is a bench instrument: not the job's time

@@ -130,6 +130,9 @@ class Recorder:
         if actor == "trainer" and method in ("offload_before_refit", "offload_after_refit", "finalize_async_save",
                                              "save_checkpoint"):
             self.step.setdefault("trainer_calls", []).append(method)  # the order main's two calls met in
+        if actor == "trainer" and method == "train":  # the steady footprint while training (issue 23: mirrors stay)
+            with self.instrument():
+                self.step["host_rss_train_gib"] = round(_tree_rss(os.getpid(), self.monitor.exclude()) / GIB, 3)
         if actor == "trainer" and method == "offload_before_refit" and getattr(self, "checkpointer", None):
             self.checkpointer.after_offload()
         if actor == "trainer" and method == "offload_after_refit":

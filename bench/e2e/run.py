@@ -22,7 +22,8 @@ Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's 
 `order=before|after` (main-worker modes) adds main's checkpointer-thread call of
 `finalize_async_save` (a waiting call), reaching the trainer right after save_checkpoint returns
 (before) or right after the next offload_before_refit (after); `ckpt=disk` writes that run's
-checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm). E.g. `main3322_shim@0.7.0:4:order=after`.
+checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm); `offload=on|off` sets COLO_SHIM_OFFLOAD for that
+run (issue 23's optimizer-offload family; shim modes only). E.g. `main3322_shim@0.7.0:4:order=after`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
 memory right after offload_after_refit in the last colo-shim run of this invocation (or
@@ -58,14 +59,17 @@ def _site_path(args, nvrx: str) -> list:
 
 
 def _parse(spec: str):
-    """`mode@nvrx:steps[:key=value...]` -> mode, nvrx, steps, options (kvdelta, order, ckpt)."""
+    """`mode@nvrx:steps[:key=value...]` -> mode, nvrx, steps, options (kvdelta, order, ckpt, offload)."""
     mode, _, rest = spec.partition("@")
     nvrx, *parts = rest.split(":")
     steps = parts.pop(0) if parts else ""
     opts = dict(part.split("=", 1) for part in parts if part)
-    unknown = set(opts) - {"kvdelta", "order", "ckpt"}
-    if unknown or opts.get("order", "before") not in ("before", "after") or opts.get("ckpt", "disk") != "disk":
-        raise SystemExit(f"bad run spec {spec!r}: options are kvdelta=N, order=before|after, ckpt=disk")
+    unknown = set(opts) - {"kvdelta", "order", "ckpt", "offload"}
+    if (unknown or opts.get("order", "before") not in ("before", "after") or opts.get("ckpt", "disk") != "disk"
+            or opts.get("offload", "on") not in ("on", "off")):
+        raise SystemExit(f"bad run spec {spec!r}: options are kvdelta=N, order=before|after, ckpt=disk, offload=on|off")
+    if opts.get("offload") and not MODES[mode][0]:
+        raise SystemExit(f"bad run spec {spec!r}: offload= needs a colo-shim mode")
     opts["kvdelta"] = float(opts.get("kvdelta", 0.0))
     return mode, nvrx or "0.7.0", int(steps or 4), opts
 
@@ -74,6 +78,7 @@ def _name(mode, nvrx, opts) -> str:
     extra = [f"kv{opts['kvdelta']:+g}"] if opts["kvdelta"] else []
     extra += [f"order={opts['order']}"] if opts.get("order") else []
     extra += ["disk"] if opts.get("ckpt") else []
+    extra += [f"offload={opts['offload']}"] if opts.get("offload") else []
     return f"{mode}@{nvrx}" + "".join(" " + e for e in extra)
 
 
@@ -111,6 +116,8 @@ def orchestrate(args) -> int:
             env["COLO_SHIM"] = "1"
             if release:
                 env["COLO_SHIM_NVRX_RELEASE"] = release
+            if opts.get("offload"):
+                env["COLO_SHIM_OFFLOAD"] = opts["offload"]
         progress = os.path.join(args.out, f"progress-{mode}-{tag}.json")
         work = os.path.join(args.work, f"{mode}-{tag}")
         shutil.rmtree(work, ignore_errors=True)
