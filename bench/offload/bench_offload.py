@@ -182,7 +182,7 @@ def child(args) -> dict:
             rec["reload_s"].append(round(time.perf_counter() - t0, 4))
             live = moved()
             rec["bit_identical"] &= all(t.is_cuda for t in live) and all(
-                torch.equal(b, t) for b, t in zip(before, live))
+                torch.equal(b, t.to(b.device)) for b, t in zip(before, live))
             del before, live
             rec["host"]["rss_after_reload_gib"].append(round(_status("VmRSS") / GIB, 2))
         step(10 + r)
