@@ -222,6 +222,7 @@ def _hook(module_name: str) -> None:
 def install(patches=None, strict=None) -> list[dict]:
     """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread."""
     strict = config.strict() if strict is None else bool(strict)
+    config.check_environment()
     config.configure_logging()
     known = families()
     names = config.requested_patches(tuple(known), patches)
