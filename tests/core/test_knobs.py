@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from helpers import REPO, TARGETS, last_json, run_python
+from harness.procs import REPO
+from helpers import TARGETS, last_json, run_python
 
 NAME = re.compile(r"^COLO_SHIM(_[A-Z0-9_]+)?$")
 PKG = os.path.join(REPO, "colo_shim")
@@ -66,7 +67,7 @@ def test_every_variable_the_code_reads_is_declared():
 def test_harness_variables_use_a_reserved_prefix():
     # a test or bench variable under any other name would be flagged as a typo in the processes it reaches
     stray = {}
-    for root in ("tests", "bench"):
+    for root in ("tests", "bench", "harness"):
         for path, tree in _sources(root):
             if os.path.abspath(os.path.join(REPO, path)) == os.path.abspath(__file__):
                 continue  # misspelt on purpose, below
