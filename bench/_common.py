@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: the repo's test environments and a results writer."""
+"""Shared by the benchmarks: the repo root on sys.path (for harness/, which the tests use too) and a results
+writer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
-sys.path.insert(0, os.path.join(REPO, "tests"))  # activation_envs builds the venvs the tests use
+if REPO not in sys.path:  # harness.envs builds the venvs the activation tests use too
+    sys.path.insert(0, REPO)
 
 
 def summarize(samples_s) -> dict:

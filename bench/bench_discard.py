@@ -2,8 +2,8 @@
 
 Simulated 20-step GRPO (NeMo-RL v0.7 call order: setup, val_at_start, rollouts, training,
 refit, validation every 5 steps) on the engine double with a real small torch model, in fresh
-interpreters (tests/vllm_scenarios.py). "held" = what the engine copied to CPU at that sleep
-plus any CPU copy colo-shim itself keeps. Models:
+interpreters (tests/discard/vllm_scenarios.py, run by harness/vllm_runs.py). "held" = what the engine
+copied to CPU at that sleep plus any CPU copy colo-shim itself keeps. Models:
   plain  - the refit covers every parameter (issue 4's case);
   scaled - layer scales the trainer does not export + a derived parameter (issue 5);
   spec   - scaled + a speculative-decoding drafter head (issue 5);
@@ -25,9 +25,9 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: harness/
 
-from vllm_testlib import dist_info, run_script  # noqa: E402
+from harness.vllm_runs import dist_info, run_script  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 LOOPS = {"plain": "grpo_plain", "scaled": "grpo", "spec": "spec"}
@@ -102,12 +102,14 @@ def main() -> None:
             rows.append({"vllm": version, "model": model, "level1_held_bytes": level1,
                          "shim_held_bytes_after_rollout": max(after) if after else None,
                          "preserved_names": len(eng.get("uncovered_names", [])),
-                         "preserve_mode": next((h["preserve_mode"] for h in eng.get("history", []) if h["level"] == 2), None),
+                         "preserve_mode": next((h["preserve_mode"] for h in eng.get("history", [])
+                                                if h["level"] == 2), None),
                          "ratio": round(max(after) / level1, 4) if after else None,
                          "tokens_identical": b["outputs"] == s["outputs"],
                          "nan_generations": s["stats"][0]["nan_generations"]})
     print("\nCPU bytes held after a rollout finish (refit follows): level 1 vs colo-shim with coverage preservation:")
-    print(f"{'vLLM':<7} {'model':<7} {'level-1 B':>9} {'shim B':>7} {'ratio':>7} {'kept names':>10}  {'mode':<37} identical")
+    print(f"{'vLLM':<7} {'model':<7} {'level-1 B':>9} {'shim B':>7} {'ratio':>7} {'kept names':>10}  "
+          f"{'mode':<37} identical")
     for r in rows:
         print(f"{r['vllm']:<7} {r['model']:<7} {r['level1_held_bytes']:>9} {r['shim_held_bytes_after_rollout']:>7} "
               f"{r['ratio']:>7} {r['preserved_names']:>10}  {str(r['preserve_mode']):<37} {r['tokens_identical']}")

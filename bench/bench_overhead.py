@@ -15,8 +15,8 @@ import subprocess
 
 from _common import BENCH, REPO, save
 
-import activation_envs as envs
-from helpers import clean_env
+from harness import envs
+from harness.procs import clean_env
 
 CHILD = os.path.join(BENCH, "_overhead_child.py")
 

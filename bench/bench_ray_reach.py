@@ -18,7 +18,7 @@ import tempfile
 
 from _common import REPO, save
 
-from helpers import PYTHON, clean_env
+from harness.procs import PYTHON, clean_env
 
 TARGET = '''
 import ray

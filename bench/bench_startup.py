@@ -15,8 +15,8 @@ import time
 
 from _common import save, summarize
 
-import activation_envs as envs
-from helpers import clean_env
+from harness import envs
+from harness.procs import clean_env
 
 
 def conditions(venv: str, plain: str, bundle: str):
@@ -41,8 +41,9 @@ def importtime_breakdown(python: str, runs: int = 7) -> dict:
     """Median cumulative import time (us) of what COLO_SHIM=1 loads at start, from -X importtime."""
     import statistics
 
-    watch = ("colo_shim", "colo_shim.core.config", "colo_shim.core.registry", "colo_shim.core.wrapping", "wrapt", "logging",
-             "dataclasses", "colo_shim.checkpoint.nvrx", "colo_shim.checkpoint.megatron", "colo_shim.discard.vllm")
+    watch = ("colo_shim", "colo_shim.core.config", "colo_shim.core.registry", "colo_shim.core.wrapping", "wrapt",
+             "logging", "dataclasses", "colo_shim.checkpoint.nvrx", "colo_shim.checkpoint.megatron",
+             "colo_shim.discard.vllm")
     seen = {m: [] for m in watch}
     count = []
     for _ in range(runs):

@@ -42,9 +42,9 @@ def fence(reason: str = ""):
 
 def _autoinstall() -> None:
     """Arm installation for the first target import; costs nothing more until then."""
-    import os
+    from colo_shim.core import config as _config
 
-    if os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
+    if not _config.active():
         return
     from colo_shim.core import deferred as _deferred
 

@@ -1,7 +1,7 @@
 """Shared entry of every zero-code activation path (.pth line, .start file, sitecustomize, vLLM plugin).
 
-It imports colo_shim only when COLO_SHIM asks for it, so an installed activator costs one
-environment lookup per interpreter start and executes nothing taken from the environment.
+The .pth line imports this module only when COLO_SHIM asks for it, so an installed activator costs
+one environment lookup per interpreter start and executes nothing taken from the environment.
 Several paths can reach one process (a venv runs .pth lines twice; the bootstrap and the vLLM
 plugin may both fire), so only the first call acts. `import colo_shim` arms the shim by itself
 when COLO_SHIM is set (colo_shim.core.deferred installs at the first target import); when something
@@ -9,7 +9,6 @@ imported colo_shim earlier while the switch was off (a vLLM plugin loaded before
 runs), arming is asked for explicitly.
 """
 
-import os
 import sys
 
 _done = False
@@ -17,11 +16,15 @@ _done = False
 
 def activate() -> None:
     global _done
-    if _done or os.environ.get("COLO_SHIM", "").strip().lower() in ("", "0", "off", "false", "no"):
+    if _done:
         return
-    _done = True
+    imported_before = "colo_shim" in sys.modules
     try:
-        imported_before = "colo_shim" in sys.modules
+        from colo_shim.core import config  # the knob table: os only, no registry, no wrapt
+
+        if not config.active():
+            return
+        _done = True
         import colo_shim
 
         if imported_before and "colo_shim.core.registry" not in sys.modules:

@@ -1,4 +1,6 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# harness/ (shared with bench/) under the repo root; what several rooms of the tests share in support/
+sys.path[:0] = [p for p in (os.path.dirname(TESTS), os.path.join(TESTS, "support")) if p not in sys.path]

@@ -17,8 +17,8 @@ it, after the rounds and its minimum during the rounds (a 20 ms sampler: the nod
     python bench/offload/bench_offload.py --site /tmp/e2esite          # GPU: writes results/offload_h200.json
     python bench/offload/bench_offload.py --tiny                       # CPU: a tiny model, same code
 
---tiny on a machine without CUDA runs through tests/offload/fake_cuda.py (the tests' CPU stand-in
-for CUDA, so the tensors really move) with gloo; its numbers say nothing about speed.
+--tiny on a machine without CUDA runs through harness/fake_cuda.py (the CPU stand-in for CUDA that
+the offload tests use too, so the tensors really move) with gloo; its numbers say nothing about speed.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def _setup(tiny: bool):
         return torch, None
     if not tiny:
         raise SystemExit("no CUDA here: use --tiny")
-    sys.path.insert(0, os.path.join(REPO, "tests", "offload"))
-    import fake_cuda
+    sys.path.insert(0, REPO)
+    from harness import fake_cuda
 
     dist.init_process_group("gloo", rank=0, world_size=1)
     torch.cuda.current_device = lambda: torch.device("cpu")
@@ -197,7 +197,7 @@ def child(args) -> dict:
     shim = {r["name"]: r.get("details") for r in colo_shim.status() if r["name"] == "offload" and r.get("details")}
     rec["shim"] = shim.get("offload")
     rec["host"]["page_locked_gib"] = (rec["shim"] or {}).get("page_locked_gib", 0.0)
-    rec["device"] = torch.cuda.get_device_name(0) if gpu else "cpu (tests/offload/fake_cuda.py)"
+    rec["device"] = torch.cuda.get_device_name(0) if gpu else "cpu (harness/fake_cuda.py)"
     rec["params"] = sum(p.numel() for p in model.parameters())
     rec["child_s"] = round(time.perf_counter() - t_start, 1)
     return rec

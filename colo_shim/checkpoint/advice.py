@@ -12,10 +12,8 @@ as inplace, and the row says so.
 
 from __future__ import annotations
 
-import os
-
 from colo_shim.checkpoint import release
-from colo_shim.core import versions
+from colo_shim.core import config, versions
 
 
 def _host_tensors(version) -> str:
@@ -58,7 +56,7 @@ def recommend(version: str | None) -> tuple:
 
 def _configured() -> str:
     """The strategy as set, with what a deprecated value runs as."""
-    raw = (os.environ.get(release.ENV) or "").strip().lower()
+    raw = (config.raw(release.ENV) or "").strip().lower()
     how = release.strategy()
     return f"{raw} (deprecated: runs as {how})" if raw == release.RETIRED else how
 

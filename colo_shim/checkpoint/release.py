@@ -50,8 +50,7 @@ def strategy() -> str:
     config.retired_knobs()
     how = config.env_choice(ENV, CHOICES, DEFAULT, deprecated=(RETIRED,))
     if how == RETIRED:
-        config.complain(f"{ENV}={RETIRED} is deprecated: stage was retired and runs as {DEFAULT}, which "
-                        "no longer waits for the checkpoint write; unset it or set inplace", strict_mode=False)
+        config.deprecated(ENV, RETIRED)
         return DEFAULT
     return how
 
@@ -176,7 +175,8 @@ def await_writes(queue, wait) -> None:
             comp_q = getattr(caller, "comp_q", None)
             while comp_q is None and caller.process is not None and caller.process.is_alive():
                 wait.tick(queue)  # a temporal worker: one write per process
-            have = (caller.cur_item is not None) + len(state._handed_back.get(caller, ())) if comp_q is not None else owed
+            have = ((caller.cur_item is not None) + len(state._handed_back.get(caller, ()))
+                    if comp_q is not None else owed)
             while have < owed:
                 try:
                     got = comp_q.get(timeout=0.05)

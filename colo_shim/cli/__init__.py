@@ -53,7 +53,7 @@ def _run(args) -> int:
         return 2
     value, source = args.patches, "--patches"
     if value is None:
-        value, source = os.environ.get(config.ENABLE), f"{config.ENABLE} in the environment"
+        value, source = config.raw(config.ENABLE), f"{config.ENABLE} in the environment"
         value = "all" if value is None else value
     error = _patches_error(value, source)
     if error:

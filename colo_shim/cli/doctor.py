@@ -106,7 +106,7 @@ def _from_dir(directory: str, as_json: bool) -> int:
 
 def _header() -> str:
     """What processes started with this environment really patch, not just whether COLO_SHIM is set."""
-    state = os.environ.get(config.ENABLE)
+    state = config.raw(config.ENABLE)
     setting = f"{config.ENABLE}={state!r}" if state is not None else f"{config.ENABLE} unset"
     head = f"colo-shim {__import__('colo_shim').__version__}; {setting}"
     if not config.active():
@@ -130,10 +130,11 @@ def format_table(records: list[dict]) -> str:
 def main(as_json: bool = False, import_targets: bool = False, from_dir: str | None = None) -> int:
     if from_dir:
         return _from_dir(from_dir, as_json)
+    config.check_environment()  # a bad value or a misspelt name: one line each on stderr (strict: exit 2)
     try:
         records = report(import_targets)
         header = _header()
-    except config.ConfigError as exc:  # COLO_SHIM_STRICT=1 and a bad value
+    except config.ConfigError as exc:  # COLO_SHIM_STRICT=1 and a target that cannot be patched
         print(f"colo-shim doctor: error: {exc} ({config.STRICT}=1)", file=sys.stderr)
         return 2
     if as_json:

@@ -1,16 +1,20 @@
-"""Environment switches.
+"""Environment switches: every COLO_SHIM_* variable is declared in KNOBS below and read through here.
 
 Read on every call rather than cached at import, because drivers set them late (Ray runtime_env,
 launch scripts) and tests flip them per subprocess. A bad value must never stop a 1,000-GPU job,
-so it costs one clear warning line, unless COLO_SHIM_STRICT=1 asks for an error instead. In
-strict mode at interpreter start-up (the .pth line, the bootstrap sitecustomize) there is no caller
-to raise to: Python would print the traceback, once per .pth pass, and run the job anyway; so there
-the error is one line on stderr and exit status 2, before any job code runs.
+so it costs one line per process naming the variable, the value, what is valid and what applies
+instead; COLO_SHIM_STRICT=1 turns that line into an error: on stderr, exit status 2, no traceback
+(a traceback from inside an import or a .pth line reads like a crash of the shim, not a typo of the
+user's). The whole environment is checked when the shim arms, so a value read hours later (a fence
+timeout) and a misspelt name (the knob silently keeps its default) get their word at start-up.
+Declaring each knob once, with its kind, default and meaning, keeps that check, the readers and
+the documentation from drifting apart; tests/core/test_knobs.py finds every name the code reads.
 """
-
 
 import os
 import sys
+
+from colo_shim.core.knobs import TRUE, Knob, parse, problem, shown
 
 ENABLE = "COLO_SHIM"
 DISABLE = "COLO_SHIM_DISABLE"
@@ -19,31 +23,65 @@ LOG_LEVEL = "COLO_SHIM_LOG_LEVEL"
 STATUS_DIR = "COLO_SHIM_STATUS_DIR"
 FENCE_TIMEOUT = "COLO_SHIM_FENCE_TIMEOUT"
 FENCE_WARN_EVERY = "COLO_SHIM_FENCE_WARN_EVERY"
+NVRX_RELEASE = "COLO_SHIM_NVRX_RELEASE"
 NVRX_ACK_TIMEOUT = "COLO_SHIM_NVRX_ACK_TIMEOUT"
-# read only when a fence waits, which may be hours into a job: checked at arm time too, so a bad
-# value gets its word when the process starts
-SECONDS = (FENCE_TIMEOUT, FENCE_WARN_EVERY, NVRX_ACK_TIMEOUT)
+DISCARD = "COLO_SHIM_DISCARD"
+# the offload family (colo_shim/offload): its mirrors on or off, and the host memory they may hold per rank
+OFFLOAD = "COLO_SHIM_OFFLOAD"
+OFFLOAD_HOST_GIB = "COLO_SHIM_OFFLOAD_HOST_GIB"
 # knobs of COLO_SHIM_NVRX_RELEASE=stage, retired in issue 22: a job config that still sets them was
 # valid, so they cost one line (never an error, strict or not) rather than silence
 RETIRED_STAGE_KNOBS = ("COLO_SHIM_STAGE_PIN", "COLO_SHIM_STAGE_LEDGER_WAIT", "COLO_SHIM_STAGE_SHM_BYTES",
                        "COLO_SHIM_STAGE_SHM_DIR")
+# what a deprecated value runs as: said once per process, at arm time and where it is read (never an
+# error, strict or not: the value is valid, so job configs that name it keep running)
+DEPRECATED = {(NVRX_RELEASE, "stage"): "stage was retired and runs as inplace, which no longer waits for the "
+                                       "checkpoint write; unset it or set inplace"}
 EXIT_STRICT = 2
+# the project's own test and benchmark harness reads these; the shim never does
+HARNESS_PREFIXES = ("COLO_SHIM_TEST_", "COLO_SHIM_COMPAT_", "COLO_SHIM_NEMO_RL_")
+# names people reach for that mean another knob (the CLI's flag is --patches), and how to say it
+_FAMILIES_HINT = "families are chosen by COLO_SHIM, e.g. COLO_SHIM=nvrx,megatron"
+_MEANT = {"COLO_SHIM_PATCHES": _FAMILIES_HINT, "COLO_SHIM_FAMILIES": _FAMILIES_HINT, "COLO_SHIM_ENABLE": _FAMILIES_HINT}
 
-_OFF = ("", "0", "off", "false", "no")
+_OFF = ("", "0", "off", "false", "no")  # the .pth line and bootstrap/sitecustomize.py repeat it (tested)
 _ALL = ("1", "all")
-_TRUE = ("1", "true", "yes", "on")
 _said: set = set()
-# the offload family (colo_shim/offload): its mirrors on or off, and the host memory they may hold per rank
-OFFLOAD = "COLO_SHIM_OFFLOAD"
-OFFLOAD_HOST_GIB = "COLO_SHIM_OFFLOAD_HOST_GIB"
+_checked = False
+
+
+KNOBS = {k.name: k for k in (
+    Knob(ENABLE, "families", "", "turns the shim on in every process that inherits it: 1/all or families",
+         unset="off"),
+    Knob(DISABLE, "families", "", "families subtracted from COLO_SHIM", unset="none"),
+    Knob(STRICT, "bool", False, "a bad value, unsupported target or failed patch stops the process (exit 2)"),
+    Knob(LOG_LEVEL, "level", "", "a stderr handler on the colo_shim logger at this level",
+         unset="the host's logging decides"),
+    Knob(STATUS_DIR, "newdir", "", "each activated process writes <host>-<pid>.json there at exit (doctor --from)",
+         unset="no status files"),
+    Knob(FENCE_TIMEOUT, "number", 0.0, "a rank waiting longer at a fence raises (0: wait as long as the write)"),
+    Knob(FENCE_WARN_EVERY, "number", 60.0, "how often a waiting fence says what it waits for (0: never)"),
+    Knob(NVRX_RELEASE, "choice", "inplace", "how the NVRx writer lets go of GPU memory",
+         choices=("inplace", "restart", "none"), deprecated=("stage",)),
+    Knob(NVRX_ACK_TIMEOUT, "number", 30.0, "how long an offload waits for the writer's answer at its side door "
+         "before it waits for the write instead"),
+    Knob(DISCARD, "choice", "auto", "vLLM sleep level at finish_generation(refit_pending=None)",
+         choices=("auto", "always", "never")),
+    Knob(OFFLOAD, "choice", "off", "family offload: optimizer offload/reload through page-locked mirrors "
+         "(opt-in until its H200 numbers decide the default, issue 23)", choices=("on", "off")),
+    Knob(OFFLOAD_HOST_GIB, "number", None, "host memory the offload mirrors may hold per rank; over it, the "
+         "original copy runs", unset="half of MemAvailable / the node's ranks", unit="GiB", example="64"),
+    *(Knob(name, "retired", "", "retired with COLO_SHIM_NVRX_RELEASE=stage: no effect")
+      for name in RETIRED_STAGE_KNOBS),
+)}
 
 
 class ConfigError(ValueError):
-    """A switch has a value colo-shim cannot honour (raised only in strict mode)."""
+    """An argument colo-shim cannot honour (install(patches=...), strict=True): raised to the caller."""
 
 
 def strict() -> bool:
-    return os.environ.get(STRICT, "").strip().lower() in _TRUE
+    return os.environ.get(STRICT, "").strip().lower() in TRUE
 
 
 def _starting_up() -> bool:
@@ -52,28 +90,77 @@ def _starting_up() -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
-def complain(message: str, *, strict_mode: bool | None = None, fallback: str = "") -> None:
-    """One line for the operator; an error when strict, because strict means 'fail loudly'.
+def stop(*messages: str) -> None:
+    """The strict answer to a bad environment: one line and exit 2, never a traceback.
 
-    fallback: what happens instead, said only when the job goes on (not strict).
+    At start-up SystemExit would be a fatal error with a traceback of its own (and a .pth line's
+    exception is printed and ignored), and outside the main thread it would end only that thread.
+    """
+    for message in messages[:-1]:
+        sys.stderr.write(f"colo_shim: error: {message}\n")
+    sys.stderr.write(f"colo_shim: error: {messages[-1]} ({STRICT}=1: stopping {sys.executable}, exit {EXIT_STRICT}; "
+                     f"unset {STRICT} to warn and go on)\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    import threading
+
+    if _starting_up() or threading.current_thread() is not threading.main_thread():
+        os._exit(EXIT_STRICT)
+    raise SystemExit(EXIT_STRICT)
+
+
+def complain(message: str, *, strict_mode: bool | None = None, fallback: str = "") -> None:
+    """One warning line per process about the environment; stop() when strict.
+
+    fallback: what applies instead, said only when the job goes on.
     """
     if strict() if strict_mode is None else strict_mode:
-        if _starting_up():
-            sys.stderr.write(f"colo_shim: error: {message} ({STRICT}=1: stopping {sys.executable}, "
-                             f"exit {EXIT_STRICT}; unset {STRICT} to warn and go on)\n")
-            sys.stderr.flush()
-            os._exit(EXIT_STRICT)  # SystemExit here would be a fatal start-up error with a traceback
-        raise ConfigError(message)
+        stop(message)
     message = f"{message} ({fallback})" if fallback else message
-    if message not in _said:  # the same bad value is seen at arm time and again at install
+    if message not in _said:  # the same bad value is seen at arm time and again where it is read
         _said.add(message)
         import logging
 
         logging.getLogger("colo_shim").warning("colo_shim: %s", message)
 
 
+def get(name: str):
+    """A declared knob's value as the code acts on it: the parsed value, else its fallback (said once)."""
+    return _read(KNOBS[name])
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str, deprecated: tuple[str, ...] = ()) -> str:
+    """A choice knob; a deprecated value is returned as is (the caller says what it runs as), but the
+    bad-value line lists it apart, so nobody picks it from there. The arguments are the caller's:
+    tests/core/test_knobs.py checks they equal KNOBS at every call site."""
+    return _read(Knob(name, "choice", default, "", choices, deprecated=deprecated))
+
+
+def env_float(name: str, default: float, unit: str = "seconds", example: str = "30") -> float:
+    """A non-negative number; the arguments are the caller's (equal to KNOBS, tested)."""
+    return _read(Knob(name, "number", default, "", unit=unit, example=example))
+
+
+def _read(knob: Knob):
+    raw = os.environ.get(knob.name)
+    if raw is None or not raw.strip():
+        return knob.default
+    value, applies = parse(knob, raw)
+    if applies is not None:
+        complain(problem(knob, raw)[0], fallback=applies)
+    return value
+
+
+def raw(name: str) -> str | None:
+    """The environment's text of a declared knob, unchecked: for showing what was set, never for acting on it."""
+    return os.environ.get(KNOBS[name].name)
+
+
 def status_dir() -> str:
-    return os.environ.get(STATUS_DIR, "").strip()
+    return get(STATUS_DIR)
 
 
 def active() -> bool:
@@ -86,7 +173,11 @@ def _names(value: str) -> list[str]:
 
 
 def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
-    """Patch names to install: explicit argument, else COLO_SHIM, minus COLO_SHIM_DISABLE."""
+    """Patch names to install: explicit argument, else COLO_SHIM, minus COLO_SHIM_DISABLE.
+
+    An unknown name in the explicit argument is the caller's bug (ConfigError when strict); in the
+    environment it is the job's setting (one line, or stop when strict).
+    """
     valid = ", ".join(("0", "1", "all") + known)
     if explicit is not None:
         wanted = [explicit] if isinstance(explicit, str) else list(explicit)
@@ -94,37 +185,24 @@ def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
         raw = ",".join(wanted)
     else:
         raw = os.environ.get(ENABLE, "").strip().lower()
-        wanted = _names(raw) if raw not in _OFF else []
-    if explicit is None:
-        for name in SECONDS:
-            env_float(name, 0.0)
-        retired_knobs()
-    if explicit is None and raw in _OFF:
-        wanted = list(known)  # install() called in code without COLO_SHIM: the caller wants it on
+        wanted = _names(raw) if raw not in _OFF else list(known)  # install() in code without COLO_SHIM: on
     if any(w in _ALL for w in wanted):
         wanted = list(known)
+    disabled = set(_names(os.environ.get(DISABLE, "")))
+    chosen = tuple(n for n in known if n in wanted and n not in disabled)
     unknown = [w for w in wanted if w not in known]
     if unknown:
-        complain(f"{ENABLE}={raw!r} names unknown patch(es) {', '.join(unknown)}; valid values: {valid}")
-    disabled = set(_names(os.environ.get(DISABLE, "")))
+        message = f"{ENABLE}={raw!r} names unknown patch(es) {', '.join(unknown)}; valid values: {valid}"
+        if explicit is not None:
+            message = f"install(patches={explicit!r}) names unknown patch(es) {', '.join(unknown)}; valid: {valid}"
+            if strict():
+                raise ConfigError(message)
+        complain(message, fallback=f"patching {', '.join(chosen) or 'nothing'}")
     bad_disabled = sorted(disabled - set(known))
     if bad_disabled:
-        complain(f"{DISABLE} names unknown patch(es) {', '.join(bad_disabled)}; valid values: {', '.join(known)}")
-    return tuple(n for n in known if n in wanted and n not in disabled)
-
-
-def env_choice(name: str, choices: tuple[str, ...], default: str, deprecated: tuple[str, ...] = ()) -> str:
-    """The value of a switch with fixed choices; a deprecated value is still returned (the caller says
-    what it runs as), but the bad-value line lists it apart, so nobody picks it from there."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    if value in choices or value in deprecated:
-        return value
-    old = f" (deprecated: {', '.join(deprecated)})" if deprecated else ""
-    complain(f"{name}={raw!r} is not valid; valid values: {', '.join(choices)}{old} (using {default!r})")
-    return default
+        complain(f"{DISABLE}={os.environ.get(DISABLE)!r} names unknown patch(es) {', '.join(bad_disabled)}; "
+                 f"valid values: {', '.join(known)}", fallback="those names are ignored")
+    return chosen
 
 
 def retired_knobs() -> None:
@@ -135,34 +213,79 @@ def retired_knobs() -> None:
                  "(COLO_SHIM_NVRX_RELEASE=stage runs as inplace); unset to silence this line", strict_mode=False)
 
 
-def env_float(name: str, default: float, unit: str = "seconds", example: str = "30") -> float:
+def deprecated(name: str, value: str) -> None:
+    complain(f"{name}={value} is deprecated: {DEPRECATED[name, value]}", strict_mode=False)
+
+
+def unknown_names(environ=None) -> list[tuple[str, str]]:
+    """(line, what applies) for each COLO_SHIM_* name nobody declared: a typo keeps a knob at its default."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for name in sorted(environ):
+        if not name.startswith(ENABLE + "_") or name in KNOBS or name.startswith(HARNESS_PREFIXES):
+            continue
+        import difflib
+
+        # the shared prefix would match anything; a retired knob is no one's meaning
+        tails = {k[len(ENABLE) + 1:]: k for k, knob in KNOBS.items() if k != ENABLE and knob.kind != "retired"}
+        close = difflib.get_close_matches(name[len(ENABLE) + 1:], list(tails), n=1, cutoff=0.7)
+        meant = ENABLE if name in _MEANT else (tails[close[0]] if close else None)
+        if name in _MEANT:
+            hint = _MEANT[name]
+        elif meant is None:
+            hint = f"known names: {', '.join(k for k, knob in KNOBS.items() if knob.kind != 'retired')}"
+        else:
+            hint = f"did you mean {meant}?"
+        applies = "ignored" + (f"; {meant} stays {shown(KNOBS[meant], _quiet(meant))}" if meant else "")
+        out.append((f"{name}={environ[name]!r} is not a colo-shim variable; {hint}", applies))
+    return out
+
+
+def _quiet(name: str):
+    """A knob's value without a complaint: for saying what applies, never for acting on it."""
     raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if value == value and value >= 0:
-        return value
-    complain(f"{name}={raw!r} is not valid; use a non-negative number of {unit}, e.g. {name}={example}",
-             fallback="ignored: the default applies")
-    return default
+    return KNOBS[name].default if raw is None or not raw.strip() else parse(KNOBS[name], raw)[0]
+
+
+def problems() -> list[tuple[str, str]]:
+    """Every bad value and unknown name in the environment as (line, what applies instead)."""
+    out = []
+    for knob in KNOBS.values():
+        raw = os.environ.get(knob.name)
+        if knob.kind not in ("families", "retired") and raw is not None and raw.strip():
+            found = problem(knob, raw)
+            if found:
+                out.append(found)
+    return out + unknown_names()
+
+
+def check_environment() -> None:
+    """Once per process, when the shim arms or installs: every knob and name, before any job code runs."""
+    global _checked
+    if _checked:
+        return
+    _checked = True
+    retired_knobs()
+    for knob in KNOBS.values():
+        value = os.environ.get(knob.name, "").strip().lower()
+        if value in knob.deprecated:
+            deprecated(knob.name, value)
+    found = problems()
+    if found and strict():
+        stop(*(line for line, _ in found))
+    for line, applies in found:
+        complain(line, fallback=applies)
 
 
 def configure_logging() -> None:
     """Attach a handler only when asked: a library must not reconfigure the host's logging."""
-    raw = os.environ.get(LOG_LEVEL, "").strip()
-    if not raw:
+    level = get(LOG_LEVEL)
+    if not level:
         return
     import logging
 
     log = logging.getLogger("colo_shim")
-    level = logging.getLevelName(raw.upper()) if not raw.isdigit() else int(raw)
-    if not isinstance(level, int):
-        complain(f"{LOG_LEVEL}={raw!r} is not valid; valid values: DEBUG, INFO, WARNING, ERROR")
-        return
-    log.setLevel(level)
+    log.setLevel(int(level) if level.isdigit() else logging.getLevelName(level))
     if not any(getattr(h, "_colo_shim", False) for h in log.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))

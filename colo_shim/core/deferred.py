@@ -33,6 +33,7 @@ def arm() -> None:
     from colo_shim.core.families import FAMILIES, TRIGGERS
 
     names = config.requested_patches(FAMILIES)
+    config.check_environment()
     _trigger = _Trigger({root for name in names for root in TRIGGERS[name]}, names)
     directory = config.status_dir()
     if directory:
@@ -55,8 +56,8 @@ def fire() -> None:
 
     try:
         registry.install(trigger.names)
-    except config.ConfigError:
-        raise
+    except config.ConfigError as exc:  # strict, and a target cannot be patched: the job asked to stop
+        config.stop(str(exc))
     except Exception as exc:  # never break the host's import
         config.complain(f"install failed: {type(exc).__name__}: {exc}", strict_mode=False)
 
@@ -67,13 +68,16 @@ def _dump(directory: str) -> None:
     import os
     import socket
 
-    from colo_shim.core import registry
+    from colo_shim.core import config, registry
 
     fire()
     registry.families()
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
     payload = {"host": socket.gethostname(), "pid": os.getpid(), "argv": sys.argv, "records": registry.status()}
-    with open(path + ".tmp", "w") as fh:
-        json.dump(payload, fh, default=str)
-    os.replace(path + ".tmp", path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(payload, fh, default=str)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:  # at exit a traceback would be the job's last words
+        config.complain(f"could not write {path}: {exc} ({config.STATUS_DIR})", strict_mode=False)

@@ -6,28 +6,26 @@ post-import hook. wrapt hooks fire once and cannot be unregistered, so each hook
 state here, which is what makes uninstall/re-install and repeated install() calls safe. A class
 that `@ray.remote` turned into an actor class captured its methods before any hook ran:
 core/ray_actors.py points those at the patch, here and in the actor process, and status() says
-`shadowed` wherever it could not.
+`shadowed` wherever it could not. How one target is patched (version gate, lookup, upstream-fixed
+detector, wrap) is core/targets.py.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
-import itertools
 import logging
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from colo_shim.core import config, ray_actors, versions, wrapping
+from colo_shim.core.targets import (APPLIED, DISABLED, FAILED, MISSING, PENDING, SHADOWED, UNSUPPORTED, State, apply,
+                                    calls, owners, reach)
 
 log = logging.getLogger("colo_shim")
-
-APPLIED, PENDING, NOT_NEEDED, SHADOWED = "applied", "pending", "not-needed", "shadowed"
 RAY_CLASS = ".__ray_actor_class__"  # a target on the class behind a Ray ActorClass (NeMo-RL <= v0.5)
-UNSUPPORTED, MISSING, DISABLED, FAILED = "unsupported-version", "target-missing", "disabled", "failed"
 
 
 @dataclass(frozen=True)
@@ -53,27 +51,12 @@ class Patch:
     report: Callable | None = None
 
 
-@dataclass
-class _State:
-    patch: str
-    target: Target
-    status: str = DISABLED
-    reason: str = ""
-    installed_version: str | None = None
-    counter: object = field(default_factory=lambda: itertools.count(1), repr=False)
-    original: object = field(default=wrapping._MISSING, repr=False)
-    owner: object = field(default=None, repr=False)
-    twins: list = field(default_factory=list, repr=False)  # (owner, original): copies Ray unpickled here
-    seq: int = 0  # when it was applied: uninstall unwraps in reverse, so wrappers sharing an attribute come off
-
-
 _lock = threading.RLock()
 _patches: dict[str, Patch] = {}
-_states: dict[tuple[str, str], _State] = {}
+_states: dict[tuple[str, str], State] = {}
 _hooked: set[str] = set()
 _enabled: set[str] = set()
 _broken: dict[str, str] = {}
-_applied = itertools.count(1)
 
 
 def families() -> dict[str, Patch]:
@@ -95,84 +78,8 @@ def register(patch: Patch) -> Patch:
     with _lock:
         _patches[patch.name] = patch
         for target in patch.targets:
-            _states.setdefault((patch.name, target.key), _State(patch.name, target))
+            _states.setdefault((patch.name, target.key), State(patch.name, target))
     return patch
-
-
-def _calls(state: _State) -> int:
-    return int(repr(state.counter)[len("count("):-1]) - 1
-
-
-def _gate(state: _State) -> Callable:
-    """wrapt's `enabled` hook as a C-level call that counts: no Python frame per patched call."""
-    return functools.partial(next, state.counter)
-
-
-def _apply(state: _State, module, owner=None) -> None:
-    """Patch the target in module; with owner, patch that class instead (a copy Ray unpickled here)."""
-    target = state.target
-    key = f"{state.patch}:{target.key}"
-    twin = state.status == APPLIED
-    try:
-        if target.distribution and not twin:
-            state.installed_version = versions.installed_version(target.distribution)
-            if not versions.supported(state.installed_version, target.versions):
-                state.status = UNSUPPORTED
-                state.reason = f"{target.distribution} {state.installed_version} not in {target.versions!r}"
-                log.warning("colo_shim: skipped %s %s: %s", state.patch, target.key, state.reason)
-                return
-        if owner is not None:
-            name = target.attribute.rsplit(".", 1)[-1]
-            if not hasattr(owner, name):
-                return
-        else:
-            try:
-                owner, name = wrapping.resolve_owner(module, target.attribute)
-            except AttributeError as exc:
-                if twin:
-                    return
-                state.status, state.reason = MISSING, str(exc)
-                (log.warning if target.required else log.debug)("colo_shim: %s %s: %s", state.patch, target.key, exc)
-                return
-        if owner is state.owner or any(owner is o for o, _ in state.twins):
-            return
-        fixed = target.upstream_fixed(module) if target.upstream_fixed and not twin else None
-        if fixed:
-            state.status, state.reason = NOT_NEEDED, fixed
-            log.info("colo_shim: %s %s not needed: %s", state.patch, target.key, fixed)
-            return
-        current = vars(owner).get(name, wrapping._MISSING)
-        if wrapping.is_ours(current, key):  # left in place, silenced, by an earlier uninstall
-            wrapping.set_enabled(current, _gate(state))
-            original = wrapping._MISSING
-        else:
-            original = wrapping.wrap(owner, name, target.wrapper, key, enabled=_gate(state))
-        if twin:
-            state.twins.append((owner, original))
-        else:
-            state.owner, state.original, state.seq = owner, original, next(_applied)
-            state.status, state.reason = APPLIED, ""
-        log.info("colo_shim: patched %s %s%s (%s %s)", state.patch, target.key, " (Ray actor copy)" if twin else "",
-                 target.distribution or target.module, state.installed_version or "unknown version")
-        _reach(state)
-    except Exception as exc:  # a broken patch must not break the host's import
-        if twin:  # the target holds where it was applied; status() says if an actor class bypasses it
-            log.warning("colo_shim: patch %s %s on a Ray actor copy failed: %s: %s", state.patch, target.key,
-                        type(exc).__name__, exc)
-            return
-        state.status, state.reason = FAILED, f"{type(exc).__name__}: {exc}"
-        log.warning("colo_shim: patch %s %s failed: %s", state.patch, target.key, state.reason)
-
-
-def _owners(state: _State) -> list:
-    return ([state.owner] if state.owner is not None else []) + [o for o, _ in state.twins]
-
-
-def _reach(state: _State) -> None:
-    """Ray actor classes made from a patched class captured its methods: point them at the patch."""
-    name = state.target.attribute.rsplit(".", 1)[-1]
-    for owner in _owners(state):
-        ray_actors.reach(owner, name)
 
 
 def _class_path(target: Target) -> str:
@@ -196,18 +103,19 @@ def _on_actor_class(cls) -> None:
                     module = sys.modules.get(where) or types.SimpleNamespace(
                         __name__=where, **{c.__qualname__: c for c in cls.__mro__
                                            if c.__module__ == where and "." not in c.__qualname__})
-                    _apply(state, module, owner=base)
+                    apply(state, module, owner=base)
         for state in _states.values():
             if state.status == APPLIED:
-                _reach(state)
+                reach(state)
 
 
 def _on_import(module) -> None:
     with _lock:
         for state in list(_states.values()):
             # APPLIED too: when a Ray actor's copy of the class came first, the module's own class follows
-            if state.target.module == module.__name__ and state.patch in _enabled and state.status in (PENDING, APPLIED):
-                _apply(state, module)
+            mine = state.target.module == module.__name__ and state.patch in _enabled
+            if mine and state.status in (PENDING, APPLIED):
+                apply(state, module)
 
 
 def _hook(module_name: str) -> None:
@@ -222,6 +130,7 @@ def _hook(module_name: str) -> None:
 def install(patches=None, strict=None) -> list[dict]:
     """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread."""
     strict = config.strict() if strict is None else bool(strict)
+    config.check_environment()
     config.configure_logging()
     known = families()
     names = config.requested_patches(tuple(known), patches)
@@ -239,7 +148,7 @@ def install(patches=None, strict=None) -> list[dict]:
             state.status, state.reason = PENDING, ""
             module = sys.modules.get(target.module)
             if module is not None:
-                _apply(state, module)
+                apply(state, module)
                 broken = state.status in (FAILED, UNSUPPORTED) or (state.status == MISSING and target.required)
                 if strict and broken:
                     raise config.ConfigError(f"{state.patch} {target.key}: {state.status}: {state.reason}")
@@ -293,7 +202,8 @@ def status() -> list[dict]:
             except Exception as exc:
                 details[name] = {"error": f"{type(exc).__name__}: {exc}"}
         broken = [{"name": name, "target": "*", "status": FAILED, "reason": reason, "installed_version": None,
-                   "distribution": None, "supported": "", "calls": 0, "details": {}} for name, reason in _broken.items()]
+                   "distribution": None, "supported": "", "calls": 0, "details": {}}
+                  for name, reason in _broken.items()]
         return broken + [
             {
                 "name": s.patch,
@@ -303,7 +213,7 @@ def status() -> list[dict]:
                 "installed_version": s.installed_version,
                 "distribution": s.target.distribution,
                 "supported": s.target.versions,
-                "calls": _calls(s),
+                "calls": calls(s),
                 "details": details.get(s.patch, {}),
             }
             for s in _states.values()
@@ -311,13 +221,13 @@ def status() -> list[dict]:
         ]
 
 
-def _reachable(state: _State) -> tuple[str, str]:
+def _reachable(state: State) -> tuple[str, str]:
     """(status, reason) as this process really calls the target: never `applied` when bypassed."""
     if state.status != APPLIED:
         return state.status, state.reason
     name = state.target.attribute.rsplit(".", 1)[-1]
     try:
-        found = ray_actors.verdict(_owners(state), name, _env_requests(state.patch), state.patch)
+        found = ray_actors.verdict(owners(state), name, _env_requests(state.patch), state.patch)
     except Exception as exc:  # never let the report break status()
         return state.status, f"{state.reason} (Ray actor check failed: {type(exc).__name__}: {exc})".strip()
     return (SHADOWED, found[1]) if found and found[0] == "shadowed" else found or (state.status, state.reason)

@@ -32,7 +32,7 @@ from colo_shim.core import config
 from colo_shim.discard.guard import vllm_version
 
 MODES = ("auto", "always", "never")
-ENV = "COLO_SHIM_DISCARD"
+ENV = config.DISCARD
 
 # (module, function) -> loop kind; the first match walking outwards from the caller wins.
 LOOPS = {
@@ -66,17 +66,9 @@ _recent: deque = deque(maxlen=64)
 _mirror: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-_mode_cache: dict = {}
-
-
 def mode() -> str:
-    """COLO_SHIM_DISCARD, read per call (tests and jobs may change it) but complained about once."""
-    import os
-
-    raw = os.environ.get(ENV)
-    if raw not in _mode_cache:
-        _mode_cache[raw] = config.env_choice(ENV, MODES, "auto")
-    return _mode_cache[raw]
+    """COLO_SHIM_DISCARD, read per call (tests and jobs may change it); a bad value is said once."""
+    return config.env_choice(ENV, MODES, "auto")
 
 
 def mark_validated() -> None:

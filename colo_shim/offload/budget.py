@@ -25,8 +25,8 @@ def limit(held: int = 0) -> tuple:
 
     DDP buffer mirrors do not count: upstream keeps a page-locked copy of that size anyway.
     """
-    gib = config.env_float(config.OFFLOAD_HOST_GIB, -1.0, unit="GiB", example="64")
-    if gib >= 0:
+    gib = config.get(config.OFFLOAD_HOST_GIB)
+    if gib is not None:
         return int(gib * GIB), f"{config.OFFLOAD_HOST_GIB}={gib:g}"
     if not _measured:
         _measured.append(share(held))
@@ -48,8 +48,8 @@ def measured():
 
 def rows(default: str) -> list[dict]:
     """Doctor rows for the family `offload`: the switch, and the host memory mirrors may take per rank."""
-    switch = config.env_choice(config.OFFLOAD, ("on", "off"), default)
-    explicit = config.env_float(config.OFFLOAD_HOST_GIB, -1.0, unit="GiB", example="64") >= 0
+    switch = config.get(config.OFFLOAD)
+    explicit = config.get(config.OFFLOAD_HOST_GIB) is not None
     cap, source = limit() if explicit else share()
     return [
         dict(name="offload", target=f"{config.OFFLOAD} (page-locked optimizer mirrors)", status=switch,

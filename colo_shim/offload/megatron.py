@@ -28,7 +28,7 @@ outer one; where a process installed them the other way round, a wrapper here se
 wrapper still to run inside it and takes the original path instead (one warning).
 
 Host memory: mirrors stay while training, bounded per rank (budget.py). COLO_SHIM_OFFLOAD=off (or
-COLO_SHIM_DISABLE=offload) turns mirrors off; DEFAULT below says whether they are on.
+COLO_SHIM_DISABLE=offload) turns mirrors off; the knob's default in core/config.py says whether they are on.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from colo_shim.core import config, wrapping
 from colo_shim.core.registry import Patch, Target
 from colo_shim.offload import mirrors
 
-DEFAULT = "off"  # opt-in until the H200 shows the host peak rises <= 1 GiB with mirrors (issue 23, unmeasured)
+# opt-in until the H200 shows the host peak rises <= 1 GiB with mirrors (issue 23, unmeasured)
+DEFAULT = config.KNOBS[config.OFFLOAD].default
 # megatron-core: the same method bodies from 0.15 (notes) to 0.20.0 (Megatron-LM 14346b65, NeMo-RL main's
 # pin); _ParamAndGradBuffer.offload_to_cpu from 0.16
 MCORE, RANGE, BUF_RANGE = "megatron-core", ">=0.15,<0.21", ">=0.16,<0.21"
@@ -84,7 +85,7 @@ def _impl_layout(module):
 
 
 def on() -> bool:
-    return config.env_choice(config.OFFLOAD, ("on", "off"), DEFAULT) == "on"
+    return config.get(config.OFFLOAD) == "on"
 
 
 def _entry(where: str, walk, to_host):

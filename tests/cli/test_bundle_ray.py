@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from activation_envs import ray_venv, run_in, venv_python
-from helpers import REPO, TARGETS, clean_env, last_json
+from harness.envs import ray_venv, run_in, venv_python
+from harness.procs import REPO, clean_env
+from helpers import TARGETS, last_json
 
 pytest.importorskip("ray")
 

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from helpers import PYTHON, REPO, clean_env, run_python
+from harness.procs import PYTHON, REPO, clean_env
+from helpers import run_python
 
 MAIN = "import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))"
 

@@ -1,11 +1,11 @@
 """Compatibility run against a megatron-core SOURCE tree (issue 23 item 4).
 
 NeMo-RL main builds megatron-core "0.20.0" from Megatron-LM commit 14346b65, which is not on the
-package index. Set COLO_SHIM_MCORE_TREE to a directory holding that commit's megatron/core (never
-committed); without it every test here is skipped, so CI stays green:
+package index. Set COLO_SHIM_COMPAT_MCORE_TREE to a directory holding that commit's megatron/core
+(never committed); without it every test here is skipped, so CI stays green:
 
     git -C Megatron-LM archive 14346b65 megatron/core | tar -x -C /tmp/mcore-main
-    COLO_SHIM_MCORE_TREE=/tmp/mcore-main python -m pytest -q -p no:cacheprovider \
+    COLO_SHIM_COMPAT_MCORE_TREE=/tmp/mcore-main python -m pytest -q -p no:cacheprovider \
         tests/compat/test_compat_megatron_core.py
 
 Checks: every megatron-core target of the `megatron` and `offload` families applies on the tree,
@@ -26,9 +26,10 @@ import pytest
 
 from helpers import deps_dir, last_json, run_python
 
-TREE = os.environ.get("COLO_SHIM_MCORE_TREE", "")
+TREE = os.environ.get("COLO_SHIM_COMPAT_MCORE_TREE", "")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "offload"))
-pytestmark = [pytest.mark.skipif(not TREE, reason="COLO_SHIM_MCORE_TREE not set (needs a megatron-core source tree)"),
+pytestmark = [pytest.mark.skipif(not TREE, reason="COLO_SHIM_COMPAT_MCORE_TREE not set (needs a megatron-core "
+                                                  "source tree)"),
               pytest.mark.timeout(600)]
 
 MODULES = ("megatron.core.distributed.param_and_grad_buffer", "megatron.core.distributed.distributed_data_parallel",
@@ -44,7 +45,7 @@ BODIES = {"optimizer/optimizer.py": ("MegatronOptimizer.offload_to_cpu", "Megatr
 
 def _tree() -> str:
     if not os.path.isdir(os.path.join(TREE, "megatron", "core")):
-        pytest.fail(f"{TREE}/megatron/core missing: COLO_SHIM_MCORE_TREE must hold a megatron-core source tree")
+        pytest.fail(f"{TREE}/megatron/core missing: COLO_SHIM_COMPAT_MCORE_TREE must hold a megatron-core source tree")
     return TREE
 
 

@@ -29,14 +29,15 @@ import sys
 
 import pytest
 
-from vllm_testlib import dist_info
+from harness.vllm_runs import dist_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 REPO = os.path.dirname(TESTS)
 TREES = os.environ.get("COLO_SHIM_NEMO_RL_TREES", "")
 
-pytestmark = [pytest.mark.skipif(not TREES, reason="COLO_SHIM_NEMO_RL_TREES not set (compat run needs real NeMo-RL trees)"),
+pytestmark = [pytest.mark.skipif(not TREES, reason="COLO_SHIM_NEMO_RL_TREES not set "
+                                                  "(compat run needs real NeMo-RL trees)"),
               pytest.mark.timeout(900)]
 
 # tag -> pins from that tag's pyproject.toml: vLLM (the engine double's dist-info), transformers (stand-in)
@@ -149,7 +150,8 @@ def run_child(release: str, check: str, engine: str, timeout: float = 240, scrip
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join([
             os.path.join(REPO, "colo_shim", "bootstrap"),  # zero-code activation, chains site/ next
-            os.path.join(HERE, "site"), REPO, tree, TESTS, os.path.join(TESTS, "doubles"), engine, meta,
+            os.path.join(HERE, "site"), REPO, tree, os.path.join(TESTS, "discard"),  # _vllm_support's PolicyDouble
+            os.path.join(TESTS, "doubles"), engine, meta,
             *extra_path]),
         **(extra_env or {}),
     })
@@ -248,7 +250,8 @@ def test_finish_refit_guard_sequence_drives_engine_levels(release, engine_root):
     res = _sequence(release, engine_root)
     steps = res["steps"]
     levels = {name: [lvl for lvl, _ in s["sleeps"]] for name, s in steps.items()}
-    errors = {name: s["error"] for name, s in steps.items() if s["error"] and name not in ("unrefitted_wake", "double_finish")}
+    expected = ("unrefitted_wake", "double_finish")
+    errors = {name: s["error"] for name, s in steps.items() if s["error"] and name not in expected}
     assert not errors, errors
     assert levels["setup"] == [1], steps["setup"]  # discard requested, worker keeps: coverage unknown
     assert levels["rollout"] == [2], steps["rollout"]  # coverage learned by the first refit

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from activation_envs import HOST_SITE, plain_venv, ray_venv, run_in, venv_python
-from helpers import REPO, TARGETS, clean_env, last_json
+from harness.envs import HOST_SITE, plain_venv, ray_venv, run_in, venv_python
+from harness.procs import REPO, clean_env
+from helpers import TARGETS, last_json
 
 REPORT = os.path.join(TARGETS, "activation_report.py")
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from helpers import REPO, TARGETS, last_json, run_python
+from harness.procs import REPO
+from helpers import TARGETS, last_json, run_python
 
 REPORT = os.path.join(TARGETS, "activation_report.py")
 FAMILIES_OFF = {"at_start": [], "layers": 0, "enabled": None}
@@ -100,7 +101,7 @@ def test_bootstrap_reached_through_a_symlink_still_chains_once(user_site, tmp_pa
 def _run_cli(python_cmd, *run_args, env=None, user_site=None, bundle=None):
     """`colo-shim run` from the test venv, with colo_shim found by the CLI only (not on PYTHONPATH),
     so the command's own interpreter sees nothing of ours but what `run` puts there."""
-    from activation_envs import run_in
+    from harness.envs import run_in
 
     argv = ["run", *(["--bundle", bundle] if bundle else []), *run_args, "--", *python_cmd]
     code = f"import sys; sys.path.insert(0, {REPO!r}); from colo_shim.cli import main; sys.exit(main({argv!r}))"
@@ -110,9 +111,9 @@ def _run_cli(python_cmd, *run_args, env=None, user_site=None, bundle=None):
 
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
 def test_run_reaches_an_interpreter_without_colo_shim(version, user_site, tmp_path_factory):
-    from activation_envs import plain_venv, require_python, venv_python
+    from harness.envs import plain_venv, require_python, venv_python
 
-    from activation_envs import run_in
+    from harness.envs import run_in
 
     python = venv_python(plain_venv()) if version == "3.12" else require_python(version)
     assert "No module named 'colo_shim'" in run_in(python, "import colo_shim", check=False).stderr
@@ -134,7 +135,7 @@ def test_run_reaches_an_interpreter_without_colo_shim(version, user_site, tmp_pa
 
 def test_an_interpreter_that_still_cannot_import_warns_once_and_leaves_a_record(tmp_path):
     """Python 3.8 is older than the shim supports: `import colo_shim` fails there even with the bundle."""
-    from activation_envs import require_python
+    from harness.envs import require_python
 
     python = require_python("3.8")
     status = tmp_path / "status"
@@ -152,7 +153,7 @@ def test_an_interpreter_that_still_cannot_import_warns_once_and_leaves_a_record(
 
 def test_bootstrap_without_a_copy_of_colo_shim_warns_instead_of_a_silent_no_op(tmp_path):
     """The in-package bootstrap dir alone (what `run` used to put there) in a venv without colo_shim."""
-    from activation_envs import plain_venv, run_in, venv_python
+    from harness.envs import plain_venv, run_in, venv_python
 
     python = venv_python(plain_venv())
     env = {"PYTHONPATH": os.path.join(REPO, "colo_shim", "bootstrap"), "COLO_SHIM": "1",

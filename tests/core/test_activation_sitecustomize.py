@@ -2,7 +2,8 @@
 
 import os
 
-from helpers import REPO, TARGETS, last_json, run_python
+from harness.procs import REPO
+from helpers import TARGETS, last_json, run_python
 
 EXAMPLE = os.path.join(REPO, "sitecustomize_example")
 REPORT = os.path.join(TARGETS, "activation_report.py")
@@ -26,7 +27,7 @@ def test_block_pasted_after_existing_code_patches_a_target(tmp_path):
 
 
 def test_block_is_silent_where_colo_shim_is_not_importable(tmp_path):
-    from activation_envs import plain_venv, run_in, venv_python
+    from harness.envs import plain_venv, run_in, venv_python
 
     proc = run_in(venv_python(plain_venv()), "import sys; print('sitecustomize' in sys.modules)",
                   env={"PYTHONPATH": EXAMPLE, "COLO_SHIM": "1"})

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from activation_envs import PROBE_PTH, run_in, site_packages, venv_python, wheel_venv
+from harness.envs import PROBE_PTH, run_in, site_packages, venv_python, wheel_venv
 from helpers import TARGETS, last_json
 
 REPORT = os.path.join(TARGETS, "activation_report.py")

@@ -1,4 +1,7 @@
-"""Environment switches, each read in a fresh interpreter the way a job sets them."""
+"""Which families COLO_SHIM and COLO_SHIM_DISABLE select, read in fresh interpreters the way a job sets them.
+
+Bad values of every knob, strict or not, and misspelt names: tests/core/test_knobs.py.
+"""
 
 import pytest
 
@@ -51,12 +54,6 @@ def test_bad_value_gives_one_clear_line(var, value):
         assert last_json(child) == ["nvrx"]
 
 
-def test_bad_value_in_strict_mode_is_an_error():
-    child = run_python("import colo_shim", env={"COLO_SHIM": "yes please", "COLO_SHIM_STRICT": "1"}, check=False)
-    assert child.returncode != 0
-    assert "ConfigError" in child.stderr and "valid values: 0, 1, all, nvrx, offload, megatron, vllm" in child.stderr
-
-
 def test_family_knobs_validate_values():
     child = run_python("""
         import json
@@ -78,7 +75,7 @@ def test_offload_knobs_are_read_through_config():
     on, (cap, source) = last_json(child)
     assert on is (megatron_default() == "on") and cap > 0 and "/ 4 ranks (torchrun: LOCAL_WORLD_SIZE)" in source
     assert "COLO_SHIM_OFFLOAD='Maybe' is not valid; valid values: on, off" in child.stderr
-    assert "COLO_SHIM_OFFLOAD_HOST_GIB='-3' is not valid; use a non-negative number of GiB" in child.stderr
+    assert "COLO_SHIM_OFFLOAD_HOST_GIB='-3' is not valid; valid values: a non-negative number of GiB" in child.stderr
     child = run_python("""
         import json
         from colo_shim.offload import budget, megatron
@@ -101,22 +98,6 @@ def test_log_level_attaches_one_handler():
         print(len(logging.getLogger("colo_shim").handlers))
     """, pythonpath=(TARGETS,), env={"COLO_SHIM_LOG_LEVEL": "info"})
     assert child.stdout.strip() == "1"
-
-
-def test_bad_fence_timeout_gets_its_word_when_the_process_starts():
-    # read only when a fence waits (maybe hours later); arming checks it at once
-    child = run_python("import colo_shim; print('job ran')", env={"COLO_SHIM": "nvrx", "COLO_SHIM_FENCE_TIMEOUT": "abc"})
-    lines = [line for line in child.stderr.splitlines() if line.strip()]
-    assert child.stdout.strip() == "job ran" and len(lines) == 1, child.stderr
-    assert "COLO_SHIM_FENCE_TIMEOUT='abc'" in lines[0] and "non-negative number of seconds" in lines[0], lines
-    assert "default applies" in lines[0], lines
-
-
-def test_bad_fence_timeout_is_an_error_when_strict():
-    child = run_python("import colo_shim", check=False,
-                       env={"COLO_SHIM": "nvrx", "COLO_SHIM_FENCE_TIMEOUT": "abc", "COLO_SHIM_STRICT": "1"})
-    assert child.returncode != 0 and "ConfigError: COLO_SHIM_FENCE_TIMEOUT='abc' is not valid" in child.stderr
-    assert "default applies" not in child.stderr  # strict: nothing is ignored
 
 
 def test_retired_stage_knobs_get_one_line_when_the_process_starts_even_when_strict():

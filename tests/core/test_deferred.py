@@ -25,7 +25,8 @@ def test_active_process_without_targets_loads_nothing_heavy():
         print(json.dumps(sorted(m for m in loaded if not m.startswith("colo_shim")) +
                          sorted(m for m in loaded if m.startswith("colo_shim."))))
     """, env={"COLO_SHIM": "1"})
-    assert last_json(child) == ["colo_shim.core", "colo_shim.core.config", "colo_shim.core.deferred", "colo_shim.core.families"]
+    assert last_json(child) == ["colo_shim.core", "colo_shim.core.config", "colo_shim.core.deferred",
+                                "colo_shim.core.families", "colo_shim.core.knobs"]  # no stdlib module beyond start-up's
 
 
 def test_first_target_import_installs_before_the_target_loads():
@@ -43,7 +44,8 @@ def test_unrequested_family_roots_do_not_trigger():
     child = run_python("""
         import json, sys, colo_shim
         import nemo_rl.models.generation.vllm.vllm_generation as g
-        print(json.dumps(["colo_shim.core.registry" in sys.modules, type(vars(g.VllmGeneration)["finish_generation"]).__name__]))
+        finish = vars(g.VllmGeneration)["finish_generation"]
+        print(json.dumps(["colo_shim.core.registry" in sys.modules, type(finish).__name__]))
     """, pythonpath=doubles_path("v0_7"), env={"COLO_SHIM": "nvrx"})
     assert last_json(child) == [False, "function"]
 

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from activation_envs import VERSIONS, require_python, run_in, wrapt_tree
-from helpers import REPO, TARGETS, last_json
+from harness.envs import VERSIONS, require_python, run_in, wrapt_tree
+from harness.procs import REPO
+from helpers import TARGETS, last_json
 
 HEAVY = ("torch", "vllm", "megatron", "nvidia_resiliency_ext")
 CHILD = r"""
@@ -23,8 +24,7 @@ out = {"python": "%%d.%%d" %% sys.version_info[:2]}
 import colo_shim
 out["inactive_import"] = loaded("wrapt", "colo_shim.core.registry", *HEAVY)
 import shimtest_family, wrapt
-from colo_shim.core import registry
-from colo_shim.core import wrapping
+from colo_shim.core import registry, wrapping
 registry.register(shimtest_family.PATCH)
 out["wrapt"] = wrapt.__version__
 records = colo_shim.install(["shimtest"])

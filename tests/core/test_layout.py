@@ -9,7 +9,8 @@ import ast
 import os
 import pkgutil
 
-from helpers import REPO, deps_dir, last_json, run_python
+from harness.procs import REPO
+from helpers import deps_dir, last_json, run_python
 
 PKG = os.path.join(REPO, "colo_shim")
 
@@ -77,3 +78,33 @@ def test_public_api_survives_every_submodule_import():
                           for n in colo_shim.__all__ if n != "__version__"}))
         """, pythonpath=(deps_dir("nvrx", "0.7.0"),))  # cli/saver.py drives real NVRx
     assert last_json(child) == {"install": True, "uninstall": True, "status": True, "fence": True}
+
+
+def test_tests_root_holds_only_conftest():
+    # helpers live in the room they serve; what several rooms share is tests/support/ (on sys.path via conftest)
+    tests = os.path.join(REPO, "tests")
+    assert sorted(n for n in os.listdir(tests) if n.endswith(".py")) == ["conftest.py"]
+
+
+def test_bench_imports_nothing_from_tests():
+    # what both use lives in harness/: a benchmark that put a tests/ folder on sys.path broke whenever a
+    # test helper moved. The doubles and test targets stand in for upstream modules, so their names are not ours
+    tests = os.path.join(REPO, "tests")
+    rooms = [tests] + [os.path.join(tests, room) for room in os.listdir(tests) if room not in ("doubles", "targets")]
+    ours = {name[:-3] for folder in rooms if os.path.isdir(folder)
+            for name in os.listdir(folder) if name.endswith(".py")}
+    found = []
+    for folder, _, files in os.walk(os.path.join(REPO, "bench")):
+        for name in (n for n in files if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            for node in ast.walk(ast.parse(open(path).read(), path)):
+                if isinstance(node, ast.Import):
+                    tops = [alias.name.split(".")[0] for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Assign)) else ""
+                    tops = ["tests"] if "sys.path" in text and "'tests'" in text else []
+                found += [f"{os.path.relpath(path, REPO)}:{node.lineno}: {top}" for top in tops
+                          if top in ours | {"tests"}]
+    assert not found, found

@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from activation_envs import require_python, run_in, wrapt_tree
-from helpers import REPO, TARGETS, last_json
+from harness.envs import require_python, run_in, wrapt_tree
+from harness.procs import REPO
+from helpers import TARGETS, last_json
 
 CHILD = os.path.join(TARGETS, "pickling_child.py")
 BOOTSTRAP = os.path.join(REPO, "colo_shim", "bootstrap")

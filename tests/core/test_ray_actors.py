@@ -2,7 +2,7 @@
 
 `@ray.remote` captures every method when the worker module executes, before any post-import hook,
 and the actor process runs its own unpickled copy. Through real `.remote()` actors in a real local
-cluster (tests/ray_actor_scenario.py, one cluster per test), for each NeMo-RL layout of the
+cluster (tests/core/ray_actor_scenario.py, one cluster per test), for each NeMo-RL layout of the
 Megatron policy worker (v0.3 single module, v0.5 `workers/`, v0.7 and main `Impl` + `@ray.remote`
 subclass) and the v0.7 vLLM worker Impl classes, the wrappers must run inside the actor - their
 call counters move and the fence ran there - and no row may say `applied` for a wrapper the process
@@ -16,12 +16,12 @@ import os
 
 import pytest
 
-from helpers import REPO, doubles_root, last_json, run_python
-from vllm_testlib import dist_info
+from harness.vllm_runs import dist_info
+from helpers import DOUBLES, doubles_root, last_json, run_python
 
 pytestmark = pytest.mark.timeout(400)
 
-SCENARIO = os.path.join(REPO, "tests", "ray_actor_scenario.py")
+SCENARIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_actor_scenario.py")
 CALLED = ("offload_before_refit", "offload_after_refit", "move_model", "prepare_for_lp_inference",
           "prepare_for_training")
 
@@ -39,8 +39,10 @@ def _run(tmp_path, cases):
 
 def _by_method(rows, layout):
     """The rows of the targets this layout's class is patched through (module and class path)."""
-    module = "nemo_rl.models.policy." + ("megatron_policy_worker" if layout == "v0_3" else "workers.megatron_policy_worker")
-    prefix = f"{module}:" + ("MegatronPolicyWorkerImpl." if layout in ("v0_7", "main") else "MegatronPolicyWorker.__ray_actor_class__.")
+    module = "nemo_rl.models.policy." + ("megatron_policy_worker" if layout == "v0_3"
+                                         else "workers.megatron_policy_worker")
+    prefix = f"{module}:" + ("MegatronPolicyWorkerImpl." if layout in ("v0_7", "main")
+                             else "MegatronPolicyWorker.__ray_actor_class__.")
     return {r["target"][len(prefix):]: r for r in rows if r["target"].startswith(prefix)}
 
 
@@ -125,7 +127,7 @@ print(json.dumps({"rows": rows, "restored": type(cell.cell_contents).__name__ ==
 def test_status_never_says_applied_when_ray_bypasses_the_patch(mode):
     """In the decorating process: reached (applied, counted) with Ray's wrappers as they are; when
     their shape is unknown (simulated drift), `shadowed` with the reason, and the call uncounted."""
-    env = {"COLO_SHIM": "megatron", "PYTHONPATH": os.pathsep.join([doubles_root("v0_7"), os.path.join(REPO, "tests", "doubles")])}
+    env = {"COLO_SHIM": "megatron", "PYTHONPATH": os.pathsep.join([doubles_root("v0_7"), DOUBLES])}
     out = last_json(run_python(SHADOW, env=env, args=[mode], timeout=120))
     (status, calls, reason), = out["rows"].values()
     if mode == "ray":

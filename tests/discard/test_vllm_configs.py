@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_testlib import dist_info, run_script, sleeps
+from harness.vllm_runs import dist_info, run_script
+from vllm_testlib import sleeps
 
 pytestmark = pytest.mark.timeout(300)
 
-DAPO = "DAPO dynamic sampling: batch completeness is decided after this finish; an incomplete batch generates again without a refit"
+DAPO = ("DAPO dynamic sampling: batch completeness is decided after this finish; an incomplete batch generates again "
+        "without a refit")
 LAYOUTS = {"v0_7": ("0.20.0", "Config", {"grpo": "dict", "ppo": "dict"}),
            "main": ("0.25.1", "MasterConfig", {"grpo": "GRPOConfig", "ppo": "PPOConfig"})}
 

@@ -3,14 +3,14 @@
 Measured on real vLLM 0.26 / H200 (bench/results/discard_real_vllm.json): the level-1 backup
 stays pinned after the wake-up, so colo-shim's discards freed nothing until the shim returned it
 before each level-2 sleep. The double's pinned host cache behaves like torch's (blocks cached
-until torch._C._host_emptyCache()). Each run is a fresh interpreter (tests/vllm_engine_order.py).
+until torch._C._host_emptyCache()). Each run is a fresh interpreter (tests/discard/vllm_engine_order.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_testlib import dist_info, run_script
+from harness.vllm_runs import dist_info, run_script
 
 pytestmark = pytest.mark.timeout(240)
 

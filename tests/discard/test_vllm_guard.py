@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_testlib import dist_info, run_script
+from harness.vllm_runs import dist_info, run_script
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_testlib import dist_info, run_script, sleeps
+from harness.vllm_runs import dist_info, run_script
+from vllm_testlib import sleeps
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,7 +35,8 @@ def _check_loop(res: dict, loop: str, discards: bool = True):
     assert all(level == 1 for level, _ in sleeps(base["stats"][0]["events"]))
     if discards:
         assert seq[0] == (1, "refit")  # setup: coverage not learned yet
-        assert all(level == 2 for level, kind in seq[1:] if kind == "refit"), f"{loop}: refit-followed finish kept: {seq}"
+        kept = f"{loop}: refit-followed finish kept: {seq}"
+        assert all(level == 2 for level, kind in seq[1:] if kind == "refit"), kept
         assert sum(level == 2 for level, _ in seq) >= 5
     else:
         assert all(level == 1 for level, _ in seq), f"{loop}: {seq}"

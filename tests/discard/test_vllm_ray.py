@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_testlib import dist_info, run_script, sleeps
+from harness.vllm_runs import dist_info, run_script
+from vllm_testlib import sleeps
 
 pytestmark = pytest.mark.timeout(300)
 

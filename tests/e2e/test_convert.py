@@ -16,8 +16,10 @@ import os
 import sys
 
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for the child
-from helpers import REPO, deps_dir, last_json, run_python
+# the child runs this file as a script: conftest.py's sys.path is not there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+from harness.procs import REPO
+from helpers import deps_dir, last_json, run_python
 
 SIZES = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=32,
              ffn_hidden_size=96, layernorm_epsilon=1e-6)

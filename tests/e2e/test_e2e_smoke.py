@@ -15,8 +15,9 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-from helpers import PYTHON, REPO, clean_env, deps_dir
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+from harness.procs import PYTHON, REPO, clean_env
+from helpers import deps_dir
 
 STEP_KEYS = {"wake_ok": bool, "held_gib": float, "offloaded_gib": float, "host_peak_gib": float,
              "pinned_after_finish_gib": float, "level1_backup_gib": float, "discarded": bool,
@@ -74,7 +75,8 @@ def test_main_layout_worker_reaches_the_main_async_patch(tmp_path):
     assert run["env"]["COLO_SHIM_NVRX_RELEASE"] == "stage"
     assert [s["ckpt_equal"] for s in run["steps"]] == [True, True]
     calls = run["trainer_shim"]["MegatronPolicyWorkerImpl.finalize_async_save"]
-    assert calls["status"] == "applied" and calls["calls"] == 6  # three refits (step 2 also validates), two offloads each
+    # three refits (step 2 also validates), two offloads each
+    assert calls["status"] == "applied" and calls["calls"] == 6
 
 
 def test_main_checkpointer_call_in_both_orders_and_checkpoints_on_disk(tmp_path):

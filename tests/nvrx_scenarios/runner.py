@@ -11,7 +11,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from helpers import PYTHON, REPO, clean_env, deps_dir
+from harness.procs import PYTHON, REPO, clean_env
+from helpers import deps_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIO = os.path.join(HERE, "scenario.py")
@@ -80,5 +81,5 @@ def _read(path: str) -> str:
 
 
 if __name__ == "__main__":  # manual use: python runner.py NAME JSON NVRX
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
     print(run(sys.argv[1], json.loads(sys.argv[2]), nvrx=sys.argv[3]).stdout)

@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from fake_cuda import FakeCuda, adopt, device_bytes, on_device  # noqa: E402
+from harness.fake_cuda import FakeCuda, adopt, device_bytes, on_device  # noqa: E402
 
 ENTRIES = ("chained", "optimizer", "nemo_rl", "buffer")
 

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from fake_cuda import FakeCuda, on_device
+from harness.fake_cuda import FakeCuda, on_device
 from mcore_child import same, slots, step
 
 

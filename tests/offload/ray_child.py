@@ -23,7 +23,7 @@ MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"
 
 def enter_device(worker):
     """On the actor's thread: enter the stand-in for good, then bring the state to the device."""
-    from fake_cuda import FakeCuda
+    from harness.fake_cuda import FakeCuda
 
     worker._fake_cuda = FakeCuda()
     worker._fake_cuda.__enter__()
@@ -35,7 +35,7 @@ def look(worker):
     import torch
 
     from colo_shim.offload import mirrors
-    from fake_cuda import on_device
+    from harness.fake_cuda import on_device
 
     tensors = [v for s in worker.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     return {"ids": [id(t.untyped_storage()) for t in tensors], "on_device": [on_device(t) for t in tensors],

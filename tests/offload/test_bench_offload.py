@@ -5,7 +5,8 @@ import json
 import os
 import subprocess
 
-from helpers import PYTHON, REPO, clean_env, deps_dir
+from harness.procs import PYTHON, REPO, clean_env
+from helpers import deps_dir
 
 
 def test_bench_runs_tiny_on_the_cpu(tmp_path):

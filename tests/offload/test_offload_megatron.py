@@ -1,6 +1,6 @@
 """Family `offload` on real megatron-core 0.16.1 and 0.19.2: a GPTModel in DDP with the distributed
 optimizer on the CPU (gloo), every entry point without and with colo-shim in one child
-(mcore_child.py, offload_checks.py; fake_cuda.py says how tensors really move on this machine,
+(mcore_child.py, offload_checks.py; harness/fake_cuda.py says how tensors really move on this machine,
 mcore_expect.py what each run must show)."""
 
 import pytest

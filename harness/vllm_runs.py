@@ -1,8 +1,10 @@
-"""Shared plumbing for tests/test_vllm_*.py: run a helper script in a fresh interpreter.
+"""A vLLM scenario script on the NeMo-RL and vLLM doubles, in a fresh interpreter per layout.
 
-Layout roots share module names (nemo_rl...), so each layout runs in its own interpreter;
-the vLLM version comes from a `vllm-<ver>.dist-info` metadata directory on PYTHONPATH
-(metadata only: the behaviour is the engine double's, see tests/doubles/vllm_engine).
+Layout roots share module names (nemo_rl...), so each layout runs in its own interpreter; the vLLM
+version comes from a `vllm-<ver>.dist-info` metadata directory on PYTHONPATH (metadata only: the
+behaviour is the engine double's, see tests/doubles/vllm_engine). The scenario scripts and the
+doubles stay with the tests that check them (tests/discard, tests/doubles); bench/bench_discard.py
+measures the same scenario, and both reach it through here, as a child, never as an import.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
-DOUBLES = os.path.join(TESTS, "doubles")
+from harness.procs import REPO
+
+DOUBLES = os.path.join(REPO, "tests", "doubles")
+SCENARIOS = os.path.join(REPO, "tests", "discard")
 PYTHON = sys.executable
 
 
 def dist_info(tmp_root: str, version: str) -> str:
+    """A `vllm-<version>.dist-info` metadata directory: the vLLM version the engine double reports."""
     path = os.path.join(tmp_root, f"vllm-{version}")
     meta = os.path.join(path, f"vllm-{version}.dist-info")
     os.makedirs(meta, exist_ok=True)
@@ -28,8 +32,10 @@ def dist_info(tmp_root: str, version: str) -> str:
 
 
 def env_for(layout: str, vllm_dir: str, bootstrap: bool = False, extra: dict | None = None) -> dict:
+    # DOUBLES: nemo_rl_common, shared by the release roots; SCENARIOS: the scripts' own modules, which
+    # Ray actor processes import by name
     parts = [REPO, os.path.join(DOUBLES, f"nemo_rl_{layout}"), DOUBLES, os.path.join(DOUBLES, "vllm_engine"), vllm_dir,
-             TESTS]  # DOUBLES: nemo_rl_common, shared by the release roots
+             SCENARIOS]
     if bootstrap:
         parts.insert(0, os.path.join(REPO, "colo_shim", "bootstrap"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLO_SHIM", "RAY_"))}
@@ -40,23 +46,13 @@ def env_for(layout: str, vllm_dir: str, bootstrap: bool = False, extra: dict | N
 
 def run_script(script: str, layout: str, vllm_dir: str, args: dict | None = None, timeout: float = 120,
                bootstrap: bool = False, extra_env: dict | None = None) -> dict:
-    cmd = [PYTHON, os.path.join(TESTS, script)]
+    """Run SCENARIOS/script with args as its JSON argument; what it printed after `RESULT `."""
+    cmd = [PYTHON, os.path.join(SCENARIOS, script)]
     if args is not None:
         cmd.append(json.dumps(args))
     proc = subprocess.run(cmd, env=env_for(layout, vllm_dir, bootstrap, extra_env), capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"{script} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    why = f"{script} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0 and lines, why
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def sleeps(events: list[dict]) -> list[tuple[int, str]]:
-    """(level, what came next) for every sleep: 'refit' (wake weights only), 'wake' (full) or 'end'."""
-    out = []
-    for i, ev in enumerate(events):
-        if ev["event"] != "sleep":
-            continue
-        nxt = next((e for e in events[i + 1:] if e["event"] == "wake_up"), None)
-        kind = "end" if nxt is None else ("refit" if nxt["tags"] == ["weights"] else "wake")
-        out.append((ev["level"], kind))
-    return out

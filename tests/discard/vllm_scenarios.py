@@ -2,7 +2,7 @@
 
 A fresh interpreter per call because the three NeMo-RL layouts use the same module names and
 because activation (COLO_SHIM + the bootstrap on PYTHONPATH) happens at interpreter start.
-Usage: python tests/vllm_scenarios.py '{"loops": ["grpo"], "runs": ["baseline", "shim"], ...}'
+Usage: python tests/discard/vllm_scenarios.py '{"loops": ["grpo"], "runs": ["baseline", "shim"], ...}'
 """
 
 from __future__ import annotations

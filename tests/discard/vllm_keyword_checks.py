@@ -89,7 +89,8 @@ def main() -> dict:
     llm.generate([{"prompt_token_ids": [1, 2]}], sampling_params=vllm.SamplingParams(temperature=0.0, max_tokens=2),
                  use_tqdm=False)
     llm.collective_rpc("report_device_id", timeout=None, args=(), kwargs=None)
-    out["engine"] = {name: seen_since(start, f"LLM.{name}") for name in ("sleep", "wake_up", "generate", "collective_rpc")}
+    out["engine"] = {name: seen_since(start, f"LLM.{name}")
+                     for name in ("sleep", "wake_up", "generate", "collective_rpc")}
     out["wrapped_by_shim"] = sorted(
         name for name in ("finish_generation", "prepare_for_generation", "update_weights_via_ipc_zmq")
         if hasattr(inspect.getattr_static(VllmGeneration, name), "__wrapped__"))

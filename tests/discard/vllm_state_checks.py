@@ -106,7 +106,8 @@ def check_stale_request_expires_in_engine():
         llm = engine(pg)
         llm.wake_up(tags=[f"{guard.CONTROL}sleep_level=2", f"{guard.CONTROL}site=test"])
         if between == "generate":
-            llm.generate([{"prompt_token_ids": [1, 2]}], sampling_params=vllm.SamplingParams(temperature=0.0, max_tokens=2))
+            greedy = vllm.SamplingParams(temperature=0.0, max_tokens=2)
+            llm.generate([{"prompt_token_ids": [1, 2]}], sampling_params=greedy)
         else:
             llm.wake_up(tags=["weights"])        # a refit's first step on an awake engine: vLLM ignores it
         llm.sleep(level=1)

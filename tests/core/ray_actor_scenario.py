@@ -21,7 +21,7 @@ import sys
 
 import ray
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOUBLES = os.path.join(REPO, "tests", "doubles")
 MEGATRON = {"v0_3": "nemo_rl.models.policy.megatron_policy_worker"}
 MEGATRON_NEW = "nemo_rl.models.policy.workers.megatron_policy_worker"
@@ -55,7 +55,9 @@ def vllm_args(async_engine):
 
 
 def megatron_calls(worker, has_move_optimizer, remote=True):
-    call = (lambda name, *a: getattr(worker, name).remote(*a)) if remote else (lambda name, *a: getattr(worker, name)(*a))
+    def call(name, *a):
+        return getattr(worker, name).remote(*a) if remote else getattr(worker, name)(*a)
+
     out = [call("offload_before_refit"), call("offload_after_refit"), call("prepare_for_lp_inference"),
            call("prepare_for_training")]
     if has_move_optimizer:
@@ -186,7 +188,8 @@ def main():
                     r["worker"][kind] = ray.get(builder.inside.remote(i, in_worker_rows(family)), timeout=300)
                     if kind == "vllm-sync":
                         try:
-                            r["sleep_level_in_worker"] = ray.get(builder.inside.remote(i, sleep_with_level), timeout=300)
+                            inside = builder.inside.remote(i, sleep_with_level)
+                            r["sleep_level_in_worker"] = ray.get(inside, timeout=300)
                         except Exception as exc:
                             r["sleep_level_in_worker"] = f"{type(exc).__name__}: {str(exc).splitlines()[-1][:300]}"
             except Exception:

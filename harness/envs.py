@@ -19,7 +19,9 @@ import subprocess
 import sys
 import sysconfig
 
-from helpers import REPO, TARGETS
+from harness.procs import REPO, clean_env, succeeded
+
+PROBE_DIR = os.path.join(REPO, "tests", "targets")  # activation_probe, the tests' own family
 
 VERSIONS = ("3.10", "3.12", "3.13")
 WRAPT = {"1": "1.17.3", "2": "2.5.2"}
@@ -152,7 +154,7 @@ def wheel_venv(name: str = "venv-wheel-312", probe: bool = True) -> str:
     pth = os.path.join(site_packages(venv), PROBE_PTH)
     if probe and not os.path.isfile(pth):
         with open(pth, "w") as fh:
-            fh.write(f"{TARGETS}\nimport os; os.environ.get('COLO_SHIM_TEST_PROBE') == '1' and "
+            fh.write(f"{PROBE_DIR}\nimport os; os.environ.get('COLO_SHIM_TEST_PROBE') == '1' and "
                      "__import__('activation_probe').install()\n")
     return venv
 
@@ -191,12 +193,8 @@ def run_in(python: str, script_or_code: str, *, env=None, args=(), timeout: floa
 
     cwd defaults to / so that the repo never ends up on sys.path through the working directory.
     """
-    from helpers import clean_env
-
     full_env = clean_env(**(env or {}))
     script = script_or_code.endswith(".py")
     cmd = [python, script_or_code, *args] if script else [python, "-c", script_or_code, *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
+    return succeeded(proc) if check else proc

@@ -7,7 +7,7 @@ and a rollout finish; every VAL steps a refit, a validation generation and a val
 (the next step generates on the same weights). A finish is `wake_up(tags=<control tags>)` then
 `sleep(level=1)` with the shim, `sleep(level=N)` without. The trainer double changes the weights
 on every step, so stale derived tensors change the tokens.
-Usage: python tests/vllm_engine_order.py '{"mode": "shim", "api": "llm", "model": "tiny-0", ...}'
+Usage: python tests/discard/vllm_engine_order.py '{"mode": "shim", "api": "llm", "model": "tiny-0", ...}'
 Prints RESULT <json>.
 """
 

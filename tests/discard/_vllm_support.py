@@ -109,7 +109,8 @@ def generation_config(async_engine=False, speculative=False, ep=1, lora=False, c
         vllm_kwargs["speculative_config"] = {"method": "draft_head", "num_speculative_tokens": 1}
     if lora:
         vllm_kwargs["enable_lora"] = True
-    return {"backend": "vllm", "model_name": "tiny-plain-0" if plain else "tiny-0", "temperature": 1.0, "max_new_tokens": 4,
+    return {"backend": "vllm", "model_name": "tiny-plain-0" if plain else "tiny-0", "temperature": 1.0,
+            "max_new_tokens": 4,
             "colocated": {"enabled": colocated}, "vllm_kwargs": vllm_kwargs,
             "vllm_cfg": {"async_engine": async_engine, "expert_parallel_size": ep, "tensor_parallel_size": 1,
                          "pipeline_parallel_size": 1}}

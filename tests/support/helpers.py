@@ -1,7 +1,8 @@
-"""Subprocess plumbing shared by the tests.
+"""What several rooms of the tests share: the target libraries, the doubles, a child's JSON answer.
 
 Every behaviour that depends on import order or interpreter start-up is checked in a fresh
-interpreter, never in the pytest process, where earlier tests have already imported things.
+interpreter, never in the pytest process, where earlier tests have already imported things. The
+plumbing the benchmarks use too (the interpreter, a clean environment) is harness/procs.py.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness.procs import PYTHON, REPO, clean_env, succeeded
+
 DOUBLES = os.path.join(REPO, "tests", "doubles")
 TARGETS = os.path.join(REPO, "tests", "targets")
-PYTHON = os.environ.get("COLO_SHIM_TEST_PYTHON", sys.executable)
 
 
 def deps_dir(name: str, version: str) -> str:
@@ -37,19 +37,6 @@ def doubles_path(release: str) -> tuple[str, str]:
     return (doubles_root(release), DOUBLES)
 
 
-def clean_env(**overrides) -> dict:
-    """The parent's environment without colo-shim switches, plus overrides (None deletes)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM") or k == "COLO_SHIM_TEST_DEPS"}
-    env.pop("PYTHONPATH", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
-
 def run_python(code_or_path: str, *, pythonpath=(), env=None, timeout: float = 120, python: str = PYTHON,
                args=(), check: bool = True, cwd: str | None = None) -> subprocess.CompletedProcess:
     """Run code (or a .py file) in a fresh interpreter with REPO first on PYTHONPATH.
@@ -66,8 +53,8 @@ def run_python(code_or_path: str, *, pythonpath=(), env=None, timeout: float = 1
     else:
         cmd = [python, "-c", textwrap.dedent(code_or_path), *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    if check:
+        succeeded(proc)
     return proc
 
 
