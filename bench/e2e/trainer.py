@@ -81,7 +81,7 @@ def build(config: dict) -> SimpleNamespace:
     model = GPTModel(config=cfg, **convert.gpt_model_kwargs(m["vocab"], m["max_seq"]))
     if gpu:
         # torch's RMSNorm (local spec without apex/TE) is built in fp32: with the distributed
-        # optimizer such params would be views of the DDP buffer (see bench_fence_megatron.py)
+        # optimizer such params would be views of the DDP buffer (see bench/fence_megatron_job.py)
         model = model.cuda().to(torch.bfloat16)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                                      use_distributed_optimizer=gpu), module=model)
@@ -289,12 +289,12 @@ def save(st, path: str, queue) -> dict:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-    from bench.bench_fence_megatron import _fingerprints
+    from bench.ckpt_compare import fingerprints
 
     os.makedirs(path, exist_ok=True)
     sd = {"model": st.model.sharded_state_dict(), "optimizer": _optimizer_state(st)}
     t0 = time.perf_counter()
-    want = _fingerprints(sd)
+    want = fingerprints(sd)
     fp_s = time.perf_counter() - t0
     if st.strategy is None:
         st.strategy = TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True)
