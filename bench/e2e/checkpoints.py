@@ -4,7 +4,7 @@ The verifiers are their own processes (bench instruments: their reads would othe
 trainer), three of them because reading a 14 GiB checkpoint back takes 25-30 s on the H200 host,
 longer than a fast step: with two, and two on disk, the next save waited 10-17 s per step for a
 verifier (calls 14-16's instrument_s), device time that bought nothing; each reads
-a checkpoint back with bench_fence_megatron._compare against the fingerprints of the live state
+a checkpoint back with bench/ckpt_compare.py's compare() against the fingerprints of the live state
 taken when the save was scheduled.
 """
 
@@ -20,12 +20,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _verify_loop(inbox, outbox):
     """Checkpoint verifier process: read each finalized checkpoint back, compare with the live state's
-    fingerprints taken when it was scheduled (bench_fence_megatron._compare)."""
+    fingerprints taken when it was scheduled (bench/ckpt_compare.py)."""
     import torch
 
     torch.set_num_threads(6)
     sys.path.insert(0, REPO)
-    from bench.bench_fence_megatron import _compare
+    from bench.ckpt_compare import compare
 
     while True:
         item = inbox.get()
@@ -33,7 +33,7 @@ def _verify_loop(inbox, outbox):
             return
         step, path, want = item
         try:
-            res = _compare(path, {k: tuple(v) for k, v in want.items()})
+            res = compare(path, {k: tuple(v) for k, v in want.items()})
         except Exception as exc:
             res = {"equal": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         outbox.put((step, res))

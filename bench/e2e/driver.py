@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 import traceback
 
@@ -84,7 +83,7 @@ def _release_label(shim: bool, release: str | None) -> str | None:
 
 
 def driver(args) -> int:
-    from bench.e2e import convert
+    from bench.e2e import convert, probes
 
     shim, release, layout, async_save, _ = MODES[args.mode]
     sz = SIZES[args.size]
@@ -142,7 +141,7 @@ def driver(args) -> int:
         checkpointer.finish(lambda: rec.trainer.call("finish_all_saves"))
         run["engine_shim"] = rec.engine.call("report", "shim_report")
         run["trainer_shim"] = rec.trainer.call("report", "shim_status")
-        run["driver_shim"] = _shim_status()
+        run["driver_shim"] = probes.shim_status(details=True)  # the driver's vllm-family decisions
     except BaseException as exc:  # noqa: BLE001 - the run's record says where it stopped
         run["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
         run["traceback"] = traceback.format_exc()[-3000:]
@@ -157,16 +156,6 @@ def driver(args) -> int:
     shutil.rmtree(ckpt_root, ignore_errors=True)
     print("[e2e] done", json.dumps({k: run.get(k) for k in ("name", "error")})[:2000], flush=True)
     os._exit(0)  # actors and NVRx's writer die with the session; atexit hooks must not hang the run
-
-
-def _shim_status():
-    """colo-shim's status() in this process (the driver's vllm-family decisions), compact."""
-    if "colo_shim" not in sys.modules:
-        return None
-    import colo_shim
-
-    return {r["target"].split(":")[-1]: {"status": r["status"], "calls": r["calls"], "details": r.get("details")}
-            for r in colo_shim.status() if r.get("calls") or r.get("details")}
 
 
 def _bare_config(sz):

@@ -106,7 +106,7 @@ class Recorder:
 
     def trainer_probe(self):
         with self.instrument():
-            return self.trainer.call("report", "probe")
+            return self.trainer.call("report", "snapshot")
 
     def begin(self, n, timer):
         self.monitor.take()

@@ -7,19 +7,17 @@ CPU (the CI smoke): gloo; megatron's optimizers allocate on "cuda" unconditional
 sync asks for CUDA streams, so there the model is in megatron DDP without the distributed optimizer,
 a torch Adam steps the params from DDP's main_grad, and the NVRx queue is its CPU shared-memory
 worker. Everything else (model, checkpoint content, NVRx path, refit packing) is the same code.
+The refit's trainer end is refit.py (beside the engine end it must match); what the harness
+measures in this actor, probes.py; the checkpoint fingerprints, bench/ckpt_compare.py.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from types import SimpleNamespace
 
 import torch
-
-GIB = float(1 << 30)
-ALIGN = 512  # NeMo-RL packs tensors at 512-byte alignment
 
 
 def cuda() -> bool:
@@ -81,7 +79,7 @@ def build(config: dict) -> SimpleNamespace:
     model = GPTModel(config=cfg, **convert.gpt_model_kwargs(m["vocab"], m["max_seq"]))
     if gpu:
         # torch's RMSNorm (local spec without apex/TE) is built in fp32: with the distributed
-        # optimizer such params would be views of the DDP buffer (see bench_fence_megatron.py)
+        # optimizer such params would be views of the DDP buffer (see bench/fence_megatron_job.py)
         model = model.cuda().to(torch.bfloat16)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                                      use_distributed_optimizer=gpu), module=model)
@@ -124,70 +122,6 @@ def move_optimizer(st, device: str) -> None:
     else:
         st.opt.restore_from_cpu()
         torch.cuda.synchronize()
-
-
-# ---------------------------------------------------------------------------- refit
-
-def _digest(t: torch.Tensor) -> list:
-    t = t.detach().reshape(-1)
-    return [t.sum(dtype=torch.float64).item(), (t.double() ** 2).sum().item()]
-
-
-def stream_weights(st, address: str, buffer_size_bytes: int) -> dict:
-    """NeMo-RL's stream_weights_via_ipc_zmq_impl: two ping-pong uint8 buffers of half the budget
-    each, tensors packed at 512 bytes, one REQ/ACK per buffer, then COMPLETE. GPU: each buffer
-    travels as a CUDA IPC handle (torch.multiprocessing.reductions.reduce_tensor); CPU smoke: as bytes.
-    Returns per-HF-name digests of what was sent (the refit check) and timings."""
-    import zmq
-
-    from bench.e2e import convert
-
-    t0 = time.perf_counter()
-    if st.sock is None:
-        st.sock = zmq.Context.instance().socket(zmq.REQ)
-        st.sock.bind(address)
-    names = list(convert.iter_hf_weights(st.model))
-    total = sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for _, t in names)
-    largest = max(t.numel() * t.element_size() for _, t in names)
-    size = max(largest + ALIGN, min(buffer_size_bytes // 2, total))
-    device = "cuda" if st.gpu else "cpu"
-    bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
-    digests, metas, used, which, waiting, sent = {}, [], 0, 0, False, 0
-
-    def flush():
-        nonlocal metas, used, which, waiting, sent
-        buf = bufs[which]
-        if st.gpu:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            torch.cuda.synchronize()
-            payload = ("cuda", reduce_tensor(buf)[1])
-        else:
-            payload = ("bytes", buf[:used].numpy().tobytes())
-        if waiting:
-            assert st.sock.recv_pyobj() == "ACK"
-        st.sock.send_pyobj((payload, metas, used))
-        waiting, sent = True, sent + 1
-        metas, used, which = [], 0, 1 - which
-
-    for name, t in names:
-        n = t.numel() * t.element_size()
-        if used + n > size:
-            flush()
-        bufs[which][used:used + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
-        metas.append((name, used, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-        digests[name] = _digest(t)
-        used += -(-n // ALIGN) * ALIGN
-    if metas:
-        flush()
-    if waiting:
-        assert st.sock.recv_pyobj() == "ACK"
-    st.sock.send_pyobj("COMPLETE")
-    assert st.sock.recv_pyobj() == "DONE"
-    bufs.clear()
-    if st.gpu:
-        torch.cuda.ipc_collect()  # the engine dropped its views: let the allocator reuse the blocks
-    return {"digests": digests, "buffers": sent, "buffer_bytes": size, "stream_s": round(time.perf_counter() - t0, 3)}
 
 
 # ---------------------------------------------------------------------------- logprobs and training
@@ -289,12 +223,12 @@ def save(st, path: str, queue) -> dict:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-    from bench.bench_fence_megatron import _fingerprints
+    from bench.ckpt_compare import fingerprints
 
     os.makedirs(path, exist_ok=True)
     sd = {"model": st.model.sharded_state_dict(), "optimizer": _optimizer_state(st)}
     t0 = time.perf_counter()
-    want = _fingerprints(sd)
+    want = fingerprints(sd)
     fp_s = time.perf_counter() - t0
     if st.strategy is None:
         st.strategy = TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True)
@@ -307,73 +241,3 @@ def save(st, path: str, queue) -> dict:
         queue.schedule_async_request(req)
     return {"path": path, "fingerprints": want, "schedule_s": round(time.perf_counter() - t1, 3),
             "fingerprint_s": round(fp_s, 3), "async": queue is not None}
-
-
-# ---------------------------------------------------------------------------- measurement
-
-def _shim_totals() -> dict:
-    try:
-        from colo_shim.checkpoint import state
-
-        return dict(state.totals())
-    except Exception:
-        return {}
-
-
-def _registered_bytes() -> int:
-    """Host bytes colo-shim page-locked with cudaHostRegister (the retired stage release's /dev/shm
-    buffers; not in host_memory_stats, which sees only torch's pinned allocator). That module is gone
-    since stage was retired, so this is 0 now; the column stays so older results read the same."""
-    mod = sys.modules.get("colo_shim.checkpoint.pinning")
-    return int(mod.report()["pinned_bytes"]) if mod is not None else 0
-
-
-def report_probe(worker) -> dict:
-    """Memory of this actor now: reserved (blocks a writer maps through CUDA IPC stay here),
-    allocated, free on the device, pinned host memory, fence totals, main's finalize time."""
-    from bench.e2e.engine import pinned_bytes
-
-    st = worker.state
-    out = {"fence": _shim_totals(), "finalize_in_offload_s": worker.timings["finalize_in_offload_s"],
-           "fence_in_finalize_s": worker.timings["fence_in_finalize_s"], "offload_parts": dict(worker.parts),
-           "pinned": pinned_bytes(), "params": st.params, "registered": _registered_bytes()}
-    if st.gpu:
-        free, total = torch.cuda.mem_get_info()
-        out.update(reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated(), free=free,
-                   total=total, alloc0=st.alloc0)
-    else:
-        out.update(reserved=0, allocated=0, free=0, total=0, alloc0=0)
-    q = worker.async_calls_queue
-    out["pending_saves"] = q.get_num_unfinalized_calls() if q is not None else 0
-    return out
-
-
-def report_state_bytes(worker) -> int:
-    """Bytes of the state an offload moves: param + grad buffers and the optimizer's tensors on the device."""
-    st = worker.state
-    total = sum(b.param_data.numel() * b.param_data.element_size() for b in st.buffers if b.param_data is not None)
-    total += sum(b.grad_data.numel() * b.grad_data.element_size() for b in st.buffers if b.grad_data is not None)
-    inners = [o.optimizer for o in getattr(st.opt, "chained_optimizers", [st.opt])] if st.gpu else [st.opt]
-    for inner in inners:
-        for group in inner.param_groups:
-            for p in group["params"]:
-                total += p.numel() * p.element_size() if st.gpu else 0
-                total += sum(v.numel() * v.element_size() for v in inner.state.get(p, {}).values()
-                             if torch.is_tensor(v) and v.dim() > 0)
-    return total
-
-
-def report_hf_config(worker) -> dict:
-    return worker.state.hf_config
-
-
-def report_shim_status(worker):
-    """colo-shim's status() in the trainer (fence totals, main-async decisions), compact."""
-    import sys
-
-    if "colo_shim" not in sys.modules:
-        return None
-    import colo_shim
-
-    return {r["target"].split(":")[-1]: {"status": r["status"], "calls": r["calls"]}
-            for r in colo_shim.status() if r.get("calls")} | {"fence": _shim_totals()}

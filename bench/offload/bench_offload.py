@@ -113,7 +113,7 @@ def child(args) -> dict:
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=args.vocab,
                      max_sequence_length=512, share_embeddings_and_output_weights=False)
     # torch's LayerNorm (local spec, no apex/TE) is built in fp32: cast, so that no main param is a
-    # view of the DDP buffer (bench_fence_megatron.py says why)
+    # view of the DDP buffer (bench/fence_megatron_job.py says why)
     model = (model.cuda() if gpu else model).to(torch.bfloat16)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True), module=model)

@@ -4,7 +4,7 @@ Same code path as the H200 runs: the orchestrator starts a fresh driver in its o
 driver runs the site package's grpo_train (NeMo-RL main's module layout), which spawns the trainer
 actor (real megatron-core 0.19.2 GPTModel in megatron DDP, real NVRx 0.7.0 async cached saves,
 gloo) and the engine actor; the refit is the real ZMQ stream into the engine's worker extension.
-Only the generation side is a fake (no vLLM on CPU: E2E_FAKE_ENGINE, bench/e2e/engine.py), and
+Only the generation side is a fake (no vLLM on CPU: E2E_FAKE_ENGINE, bench/e2e/fake_engine.py), and
 megatron's distributed optimizer, which allocates on "cuda" unconditionally, is a torch Adam.
 colo-shim is on (COLO_SHIM=1, default release), so its driver-side vllm family decides every finish from
 the site's frames, as it would in NeMo-RL.

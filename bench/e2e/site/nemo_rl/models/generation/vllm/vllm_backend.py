@@ -5,12 +5,13 @@ per message a CUDA IPC handle of a packed uint8 buffer (rebuilt on this process'
 names, shapes and offsets of the tensors in it; views are sliced and handed to
 `model_runner.model.load_weights`, then synchronize and ACK; on "COMPLETE",
 `process_weights_after_loading` and empty_cache. The method name starts with `update_weights`, so
-colo-shim learns refit coverage from it.
+colo-shim learns refit coverage from it. Both ends of the refit are bench/e2e/refit.py; vLLM
+(or, in the CPU smoke, bench/e2e/fake_engine.py) imports this class by its dotted name.
 """
 
 from __future__ import annotations
 
-from bench.e2e import engine as probes
+from bench.e2e import refit
 
 
 class VllmInternalWorkerExtension:
@@ -18,8 +19,8 @@ class VllmInternalWorkerExtension:
         self.state_dict_info = state_dict_info
 
     def update_weights_via_ipc_zmq(self, address: str) -> bool:
-        return probes.receive_weights(self, address)
+        return refit.receive_weights(self, address)
 
     def e2e_weights_digest(self) -> dict:
         """Measurement only: per-HF-name digests of the weights this engine holds now."""
-        return probes.weights_digest(self.model_runner.model, self.state_dict_info)
+        return refit.weights_digest(self.model_runner.model, self.state_dict_info)

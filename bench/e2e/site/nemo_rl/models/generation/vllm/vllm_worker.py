@@ -4,7 +4,7 @@ Owns one `vllm.LLM` (engine core in this process: VLLM_ENABLE_V1_MULTIPROCESSING
 sets), built with `enable_sleep_mode=True`, `load_format="dummy"` and NeMo-RL's worker extension.
 `sleep()` is upstream's: reset the prefix cache, `llm.sleep(level=1)`, gc, empty_cache; colo-shim's
 engine wrappers (vllm.entrypoints.llm.LLM) may turn it into level 2. The measurement probes
-(bench/e2e/engine.py) are called by the harness, not by the loop.
+(bench/e2e/probes.py) are called by the harness, not by the loop.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import gc
 import os
 
-from bench.e2e import engine as probes
+from bench.e2e import engine, probes
 
 
 class VllmGenerationWorkerImpl:
     def __init__(self, config: dict):
         self.cfg = config
-        self.llm = probes.build_llm(config)
+        self.llm = engine.build_llm(config)
         self.probe = probes.EngineProbe(self)
 
     def prepare_refit_info(self, state_dict_info: dict) -> None:
@@ -32,7 +32,7 @@ class VllmGenerationWorkerImpl:
         self.llm.reset_prefix_cache()
         self.llm.sleep(level=1)
         gc.collect()
-        probes.empty_cache()
+        engine.empty_cache()
         self.probe.after_sleep()
 
     def reset_prefix_cache(self):
@@ -43,8 +43,8 @@ class VllmGenerationWorkerImpl:
 
     def generate(self, data: dict, greedy: bool = False) -> dict:
         self.probe.check_awake()
-        return probes.generate(self.llm, data, greedy, self.cfg)
+        return engine.generate(self.llm, data, greedy, self.cfg)
 
-    # ---- measurement only (bench/e2e/engine.py)
+    # ---- measurement only (bench/e2e/probes.py)
     def report(self, what: str, *args):
         return getattr(self.probe, what)(*args)

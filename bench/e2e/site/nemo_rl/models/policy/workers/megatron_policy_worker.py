@@ -1,7 +1,7 @@
 """nemo_rl/models/policy/workers/megatron_policy_worker.py: `MegatronPolicyWorkerImpl`, the trainer actor.
 
 A real megatron-core GPTModel (Llama shape, local spec) in megatron DDP with the distributed
-optimizer (bench/e2e/trainer.py builds it), NVRx async saves of the live state through
+optimizer (bench/e2e/trainer.py builds it; the refit is bench/e2e/refit.py), NVRx async saves of the live state through
 `dist_checkpointing.save(async_sharded_save=True)` with cached structure on a persistent queue
 (NeMo-RL main: async_save, ckpt_assume_constant_structure, persistent worker).
 
@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from bench.e2e import probes, refit
 from bench.e2e import trainer as core
 from bench.e2e.timing import Parts, fence_seconds
 
@@ -41,6 +42,7 @@ class MegatronPolicyWorkerImpl:
         self._async_checkpoint_cuda_cache_active = False
         self.timings = {"finalize_in_offload_s": 0.0, "fence_in_finalize_s": 0.0}  # harness timing only
         self.parts = {}  # harness timing only: seconds per part of each offload, summed over the run
+        self.probe = probes.TrainerProbe(self)  # harness measurement only
 
     # ------------------------------------------------------------------ refit
     def prepare_refit_info(self) -> dict:
@@ -50,7 +52,7 @@ class MegatronPolicyWorkerImpl:
         return core.free_bytes()
 
     def stream_weights_via_ipc_zmq(self, buffer_size_bytes: int) -> dict:
-        return core.stream_weights(self.state, os.environ["E2E_ZMQ_ADDR"], buffer_size_bytes)
+        return refit.stream_weights(self.state, os.environ["E2E_ZMQ_ADDR"], buffer_size_bytes)
 
     def offload_before_refit(self):
         """Offload the optimizer and buffers to the CPU."""
@@ -142,7 +144,7 @@ class MegatronPolicyWorkerImpl:
         return round(time.perf_counter() - t0, 3)
 
     def report(self, what: str, *args):
-        return getattr(core, "report_" + what)(self, *args)
+        return getattr(self.probe, what)(*args)
 
 
 if MAIN:
