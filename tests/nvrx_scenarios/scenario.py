@@ -100,12 +100,9 @@ def close_then_save(opts):
 
 def _slow_request(cs, q, live, path, mode, seconds=30.0):
     """Schedule a real save whose worker-side write first sleeps or breaks its target dir."""
-    import functools
-
     import slow_io
 
-    cs.async_save(q, live, path, cached=True, shm=True,
-                  wrap=lambda fn: functools.partial(slow_io.wrapped_write, mode, seconds, path, fn))
+    q.schedule_async_request(slow_io.slowed(cs.request(live, path, cached=True, shm=True), mode, seconds, path))
 
 
 def dead_worker(opts):
