@@ -20,6 +20,10 @@ A slow, healthy write must not kill the job: where the fence does wait, it waits
 blocking finalize does, warning every COLO_SHIM_FENCE_WARN_EVERY seconds (60) with the rank, the
 queue and the bytes in flight; COLO_SHIM_FENCE_TIMEOUT > 0 opts into raising FenceTimeout instead.
 A fence with nothing to release does no work and takes microseconds.
+
+What it knows between calls, its totals and its errors (FenceTimeout, CheckpointWorkerDied) live in
+state.py, because the wrappers and release.py/door.py need them without the fence's waiting; import
+them from there. This module hands none of them on: one name, one home.
 """
 
 from __future__ import annotations
@@ -31,10 +35,6 @@ from dataclasses import dataclass, field
 
 from colo_shim.checkpoint import release, state
 from colo_shim.core import config
-from colo_shim.checkpoint.state import (  # noqa: F401  (re-exported: used by tests and benches)
-    TIMEOUT_ENV, CheckpointWorkerDied, FenceTimeout, _totals, bytes_in_flight, describe, live_queues, lock,
-    must_wait, note_cuda_sent, pending, rank, totals,
-)
 
 log = logging.getLogger("colo_shim.nvrx")
 DEFAULT_TIMEOUT = 0.0  # 0: wait as long as the write takes (upstream's blocking finalize does)
@@ -62,7 +62,7 @@ class Wait:
     """How long the fence waits and how it says so; clock and sleep are injectable for tests."""
 
     def __init__(self, timeout: float | None = None, warn_every: float | None = None, clock=None, sleep=None):
-        self.timeout = config.env_float(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
+        self.timeout = config.env_float(state.TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
         self.warn_every = config.env_float(WARN_ENV, DEFAULT_WARN_EVERY) if warn_every is None else warn_every
         self.clock = clock or time.monotonic
         self.sleep = sleep or time.sleep
@@ -75,17 +75,17 @@ class Wait:
     def tick(self, queue, what: str = "its checkpoint writer", where: str | None = None) -> None:
         """One poll interval: raise past the opt-in deadline, warn each interval, then sleep."""
         now = self.clock()
-        where = where or describe(queue)
+        where = where or state.describe(queue)
         if self.deadline is not None and now > self.deadline:
-            _totals["timeouts"] += 1
-            raise FenceTimeout(f"colo_shim fence: rank {rank()} waited more than {self.timeout:g}s "
-                               f"({TIMEOUT_ENV}) for {what} on {where}")
+            state._totals["timeouts"] += 1
+            raise state.FenceTimeout(f"colo_shim fence: rank {state.rank()} waited more than {self.timeout:g}s "
+                                     f"({state.TIMEOUT_ENV}) for {what} on {where}")
         if self._next_warning is not None and now >= self._next_warning:
             self.warnings += 1
             self._next_warning = now + self.warn_every
             log.warning("colo_shim fence: rank %d still waiting after %.0fs for %s on %s, %d bytes in flight "
-                        "(waiting as upstream does; set %s to fail instead)", rank(), now - self.start, what,
-                        where, bytes_in_flight(queue) if queue is not None else 0, TIMEOUT_ENV)
+                        "(waiting as upstream does; set %s to fail instead)", state.rank(), now - self.start,
+                        what, where, state.bytes_in_flight(queue) if queue is not None else 0, state.TIMEOUT_ENV)
         self.sleep(self._delay)
         self._delay = min(self._delay * 2, 0.02)
 
@@ -103,7 +103,7 @@ def _worker_dead(caller) -> bool:
 
 
 def _acquire(wait: Wait, queue) -> None:
-    while not lock.acquire(timeout=0.05):  # a host thread is finalizing: let it finish first
+    while not state.lock.acquire(timeout=0.05):  # a host thread is finalizing: let it finish first
         wait.tick(queue, "a finalize running in another thread")
 
 
@@ -114,14 +114,14 @@ def _finalize(queue, wait: Wait) -> int:
     try:
         while True:
             done += len(queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
-            if not pending(queue):
+            if not state.pending(queue):
                 return done
             if _worker_dead(getattr(queue.async_calls[0], "async_caller", None)):
-                raise CheckpointWorkerDied(f"colo_shim fence: rank {rank()}: checkpoint worker exited with a "
-                                           f"save pending on {describe(queue)}")
+                raise state.CheckpointWorkerDied(f"colo_shim fence: rank {state.rank()}: checkpoint worker exited "
+                                                 f"with a save pending on {state.describe(queue)}")
             wait.tick(queue)
     finally:
-        lock.release()
+        state.lock.release()
 
 
 def _free_bytes():
@@ -137,13 +137,13 @@ def _free_bytes():
 def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
     """Make every live writer that may hold GPU memory let go of it; saves in flight keep writing."""
     start = time.perf_counter()
-    _totals["fences"] += 1
-    queues = live_queues()
-    busy = [q for q in queues if must_wait(q)]
-    skipped = sum(1 for q in queues if pending(q) and q not in busy)
-    _totals["skipped_host_only"] += skipped
+    state._totals["fences"] += 1
+    queues = state.live_queues()
+    busy = [q for q in queues if state.must_wait(q)]
+    skipped = sum(1 for q in queues if state.pending(q) and q not in busy)
+    state._totals["skipped_host_only"] += skipped
     if not busy:
-        _totals["idle"] += 1
+        state._totals["idle"] += 1
         return _timed(FenceReport(reason, 0, len(queues), [], 0, 0.0, skipped), start)
     report = FenceReport(reason, 0, len(queues), not_waited=skipped)
     free_before = _free_bytes()
@@ -152,8 +152,8 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
         wait.tick(None, "a checkpoint copy to host on another thread", where="a save being scheduled")
     for queue in busy:
         if not _is_nvrx(queue):
-            if pending(queue):
-                if lock.held_here():  # inside a save's finalize: later saves must wait their turn
+            if state.pending(queue):
+                if state.lock.held_here():  # inside a save's finalize: later saves must wait their turn
                     release.await_writes(queue, wait)
                 else:
                     report.calls_finalized += _finalize(queue, wait)
@@ -163,19 +163,19 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
             how = _release(queue, wait, reason)
             if how:
                 report.released.append(how)
-        if pending(queue) and state.host_snapshotted():
+        if state.pending(queue) and state.host_snapshotted():
             release.check_alive(queue, wait)  # a save left writing on a dead writer would hang the next finalize
             state.note_left_writing(queue)
             report.not_waited += 1
-        elif pending(queue):
+        elif state.pending(queue):
             release.await_writes(queue, wait)  # NVRx < 0.6: the write reads live host tensors
     if report.released:
         release.collect_cuda()
     free_after = _free_bytes()
     report.bytes_released = (free_after - free_before) if free_before is not None and free_after else None
     _timed(report, start)
-    _totals["finalized"] += report.calls_finalized
-    _totals["released"] += len(report.released)
+    state._totals["finalized"] += report.calls_finalized
+    state._totals["released"] += len(report.released)
     log.info("colo_shim fence(%s): finalized %d, released %s, %s bytes, %d left writing, %.3fs", reason,
              report.calls_finalized, report.released or "nothing", report.bytes_released, report.not_waited,
              report.seconds)
@@ -185,11 +185,11 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
 def _release(queue, wait: Wait, reason: str) -> str | None:
     try:
         how = release.release(queue, wait)
-    except (FenceTimeout, CheckpointWorkerDied):
+    except (state.FenceTimeout, state.CheckpointWorkerDied):
         raise
     except Exception as exc:  # our own release logic must never break the job
         log.warning("colo_shim: release of %s before %s failed, memory may stay held: %s: %s",
-                    describe(queue), reason, type(exc).__name__, exc)
+                    state.describe(queue), reason, type(exc).__name__, exc)
         return None
     state.forget_release(queue)  # released, or the strategy says leave it (none)
     return how
@@ -197,8 +197,8 @@ def _release(queue, wait: Wait, reason: str) -> str | None:
 
 def _timed(report: FenceReport, start: float) -> FenceReport:
     report.seconds = time.perf_counter() - start
-    _totals["fence_s"] += report.seconds
-    _totals["fence_max_s"] = max(_totals["fence_max_s"], report.seconds)
+    state._totals["fence_s"] += report.seconds
+    state._totals["fence_max_s"] = max(state._totals["fence_max_s"], report.seconds)
     return report
 
 
@@ -211,7 +211,7 @@ def guarded(reason: str) -> None:
     """fence() for wrappers: write errors, dead workers and timeouts surface, shim bugs only log."""
     try:
         fence(reason)
-    except (FenceTimeout, CheckpointWorkerDied):
+    except (state.FenceTimeout, state.CheckpointWorkerDied):
         raise
     except Exception as exc:
         if _is_checkpoint_error(exc):

@@ -1,10 +1,18 @@
-"""A minimal NVRx async-save driver shared by `colo-shim demo`, the benchmark and the tests.
+"""The NVRx async-save driver of `colo-shim demo` (cli/demo_child.py), shipped because the demo is.
 
-It plays the host job: real NVRx planning, real persistent worker, real torch.distributed
-checkpoint files. It differs from Megatron's driver only where NVRx assumes CUDA: on a machine
-without a GPU the staging copy is blocking (NVRx would call torch.cuda.synchronize()) and the
-finalize step checks write failures with gloo object collectives instead of a CUDA tensor.
-It works with every NVRx version the shim supports (0.4.1 .. 0.7.0).
+The demo is an installed command that shows the fix on the user's own machine, so it needs a
+host job that saves through real NVRx: real planning, the real persistent worker, real
+torch.distributed checkpoint files. Every function here is the demo's. Tests and benchmarks reuse
+it rather than keep a second driver; what only they need stays with them: a write held by a gate or
+slowed down is their change to the request that `request()` returns, before they queue it, and a
+process group of several ranks is theirs to start. The finalize keeps upstream's rule for any
+number of ranks (every rank raises when one write failed): one rule, which the demo's single rank
+passes through.
+
+It differs from Megatron's driver only where NVRx assumes CUDA: on a machine without a GPU the
+staging copy is blocking (NVRx would call torch.cuda.synchronize()) and the finalize step checks
+write failures with gloo object collectives instead of a CUDA tensor. It works with every NVRx
+version the shim supports (0.4.1 .. 0.7.0).
 """
 
 from __future__ import annotations
@@ -46,23 +54,22 @@ def _finalize(writer, metadata, dist_wrapper) -> None:
         raise CheckpointException("write", failures)
 
 
-def async_save(queue, state_dict: dict, path: str, *, cached: bool = True, shm: bool = False,
-               writer_cls=None, wrap=None) -> int:
-    """Schedule one async save of state_dict (tensors) to path; returns the call index.
-
-    wrap(save_fn) -> picklable callable lets a test slow down or break the worker-side write."""
-    writer_cls = writer_cls or filesystem_async.FileSystemWriterAsync
-    writer = writer_cls(path, **_accepted(writer_cls.__init__, thread_count=1, is_multiproc_io=False,
-                                          use_cached_data_structure=cached, use_cpu_shm_for_gpu_tensors=shm))
+def request(state_dict: dict, path: str, *, cached: bool = True, shm: bool = False) -> core.AsyncRequest:
+    """One async save of state_dict (tensors) to path, planned by NVRx and not yet queued."""
+    cls = filesystem_async.FileSystemWriterAsync
+    writer = cls(path, **_accepted(cls.__init__, thread_count=1, is_multiproc_io=False,
+                                   use_cached_data_structure=cached, use_cpu_shm_for_gpu_tensors=shm))
     writer, metadata, dist_wrapper = state_dict_saver.save_state_dict_async_plan(state_dict, writer)[:3]
     save_fn, preload_fn, save_args = writer.get_save_function_and_args()
-    if wrap is not None:
-        save_fn = wrap(save_fn)
     if preload_fn is not None and not torch.cuda.is_available():
         preload_fn = functools.partial(preload_fn.func, *preload_fn.args[:-1], False)
-    request = core.AsyncRequest(save_fn, save_args, [functools.partial(_finalize, writer, metadata, dist_wrapper)],
-                                async_fn_kwargs={}, preload_fn=preload_fn)
-    return queue.schedule_async_request(request)
+    return core.AsyncRequest(save_fn, save_args, [functools.partial(_finalize, writer, metadata, dist_wrapper)],
+                             async_fn_kwargs={}, preload_fn=preload_fn)
+
+
+def async_save(queue, state_dict: dict, path: str, *, cached: bool = True, shm: bool = False) -> int:
+    """Plan and queue one async save (the host job's save_checkpoint); returns the call index."""
+    return queue.schedule_async_request(request(state_dict, path, cached=cached, shm=shm))
 
 
 def finalize(queue) -> list:
@@ -78,17 +85,16 @@ def load(path: str, like: dict) -> dict:
     return out
 
 
-def init_single_rank(port: int | None = None) -> None:
+def init_single_rank() -> None:
     """gloo process group of one rank, enough for NVRx planning and finalization."""
     import os
     import socket
 
     if dist.is_initialized():
         return
-    if port is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)

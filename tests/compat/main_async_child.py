@@ -77,8 +77,7 @@ def main() -> dict:
             v.add_(step)
         at_save = {k: v.clone() for k, v in live.items()}
         worker._async_checkpoint_cuda_cache_active = True  # as main's save_checkpoint sets it
-        cs.async_save(q, live, f"{root}/s{step}", cached=True, shm=True,
-                      wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+        q.schedule_async_request(gated_io.gated(cs.request(live, f"{root}/s{step}", cached=True, shm=True), gate))
         row = {"shm_before": _shm(FileSystemWriterAsync), "pid_before": _pid(q)}
         calls.clear()
         in_offload[0] = True

@@ -6,7 +6,6 @@ file, so what happens while a save is in flight is ordered by the test, not by t
 The last stdout line is the JSON result.
 """
 
-import functools
 import logging
 import os
 import sys
@@ -38,8 +37,7 @@ def _live(seed):
 def _gated(cs, q, live, path, gate):
     import gated_io
 
-    return cs.async_save(q, live, path, cached=True, shm=True,
-                         wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+    return q.schedule_async_request(gated_io.gated(cs.request(live, path, cached=True, shm=True), gate))
 
 
 def _same(cs, path, expected):

@@ -50,9 +50,8 @@ def main_refit(opts):
     torch.manual_seed(5)
     live = {"w": torch.randn(512), "m": torch.randn(64, 8)}
     gate = [None]
-    worker.save_fn = lambda path: cs.async_save(q, live, path, cached=True, shm=True,
-                                                wrap=lambda fn: __import__("functools").partial(
-                                                    gated_io.wait_then_write, gate[0], fn))
+    worker.save_fn = lambda path: q.schedule_async_request(
+        gated_io.gated(cs.request(live, path, cached=True, shm=True), gate[0]))
     in_offload, waited = [False], []
     real_finalize = q.maybe_finalize_async_calls
 
@@ -110,8 +109,6 @@ def finalize_offloads(opts):
     """Save 0's finalize function offloads (fences) while save 1 is pending with its write gated:
     save 1 must not be finalized before save 0's finalize completed. The finalize function opens
     save 1's gate just before the fence, so the fence has a write in flight to deal with."""
-    import functools
-
     import colo_shim
 
     colo_shim.install(["nvrx", "megatron"])
@@ -139,8 +136,7 @@ def finalize_offloads(opts):
 
     cs.async_save(q, states[0], f"{root}/0", cached=True, shm=True)
     q.async_calls[-1].async_request.finalize_fns.append(offload_in_finalize)
-    cs.async_save(q, states[1], f"{root}/1", cached=True, shm=True,
-                  wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+    q.schedule_async_request(gated_io.gated(cs.request(states[1], f"{root}/1", cached=True, shm=True), gate))
     q.async_calls[-1].async_request.finalize_fns.append(lambda: events.append("f1"))
     if opts.get("cuda", True):
         state.note_cuda_sent(q)  # CPU machine: a writer holding GPU memory, which the fence must handle

@@ -8,7 +8,6 @@ sent CUDA tensors. Each write is held by a gate file (gated_io.py), so "still wr
 the test, not a matter of timing. The last stdout line is the JSON result.
 """
 
-import functools
 import json
 import os
 import sys
@@ -36,8 +35,7 @@ def _state(seed):
 def _gated_save(cs, q, live, path, gate):
     import gated_io
 
-    cs.async_save(q, live, path, cached=True, shm=True,
-                  wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+    q.schedule_async_request(gated_io.gated(cs.request(live, path, cached=True, shm=True), gate))
 
 
 def _equal(cs, path, expected):

@@ -61,9 +61,9 @@ def cycle(opts):
         snapshot = {k: v.clone() for k, v in live.items()}
         if opts.get("shim"):
             if opts.get("force_release"):
-                from colo_shim.checkpoint import fence as checkpoint_fence
+                from colo_shim.checkpoint import state
 
-                checkpoint_fence.note_cuda_sent(q)  # on CPU nothing is sent as CUDA; exercise the release path
+                state.note_cuda_sent(q)  # on CPU nothing is sent as CUDA; exercise the release path
             reports.append(colo_shim.fence(f"cycle {i}").as_dict())
         offloaded = {k: v.to("cpu", copy=True) for k, v in live.items()}
         for v in live.values():
@@ -100,12 +100,9 @@ def close_then_save(opts):
 
 def _slow_request(cs, q, live, path, mode, seconds=30.0):
     """Schedule a real save whose worker-side write first sleeps or breaks its target dir."""
-    import functools
-
     import slow_io
 
-    cs.async_save(q, live, path, cached=True, shm=True,
-                  wrap=lambda fn: functools.partial(slow_io.wrapped_write, mode, seconds, path, fn))
+    q.schedule_async_request(slow_io.slowed(cs.request(live, path, cached=True, shm=True), mode, seconds, path))
 
 
 def dead_worker(opts):
@@ -249,13 +246,13 @@ def _calls():
 def restart_rewarm(opts):
     """restart strategy: the writer is closed at the fence and re-warmed when storage returns."""
     cs = _setup(opts)
-    from colo_shim.checkpoint import fence as checkpoint_fence
+    from colo_shim.checkpoint import state
 
     q = cs.make_queue(shm=True)
     live = _state(6)
     root = tempfile.mkdtemp()
     cs.async_save(q, live, f"{root}/a", cached=True, shm=True)
-    checkpoint_fence.note_cuda_sent(q)  # CPU: nothing is sent as CUDA; exercise the release path
+    state.note_cuda_sent(q)  # CPU: nothing is sent as CUDA; exercise the release path
     buf, _ = _minimal_buffer()
     buf.offload_to_cpu(move_params=False, move_grads=True)
     caller = q.persistent_caller
@@ -281,7 +278,7 @@ def nemo_rl_worker(opts):
     import importlib
 
     import torch
-    from colo_shim.checkpoint import fence as checkpoint_fence
+    from colo_shim.checkpoint import state
 
     for name in ("nemo_rl.models.policy.workers.megatron_policy_worker", "nemo_rl.models.policy.megatron_policy_worker"):
         try:
@@ -304,8 +301,8 @@ def nemo_rl_worker(opts):
     for method in opts["methods"]:
         _slow_request(cs, q, _state(7), tempfile.mkdtemp() + "/n", "sleep", seconds=0.3)
         if opts.get("shim"):
-            checkpoint_fence.note_cuda_sent(q)
-        before = checkpoint_fence.totals()
+            state.note_cuda_sent(q)
+        before = state.totals()
         if method == "move_model_cpu":
             worker.move_model(worker.model, "cpu")
         elif method == "move_model_cuda":
@@ -314,7 +311,7 @@ def nemo_rl_worker(opts):
             worker.move_optimizer("cpu")
         else:
             getattr(worker, method)()
-        after = checkpoint_fence.totals()
+        after = state.totals()
         out[method] = {"pending_after": q.get_num_unfinalized_calls(),
                        "fences": after["fences"] - before["fences"],
                        "finalized_by_shim": after["finalized"] - before["finalized"],

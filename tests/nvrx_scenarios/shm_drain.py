@@ -8,7 +8,6 @@ worker until the trainer creates a file, so whether a write is still reading a b
 the test, never by timing. The last stdout line is the JSON result.
 """
 
-import functools
 import os
 import signal
 import sys
@@ -102,11 +101,11 @@ def reuse_after_close(opts):
     live = _values(0)
     step, rounds = 0, []
 
-    def save(tag, wrap=None):
+    def save(tag, change=lambda request: request):
         nonlocal step
         step += 1
         expected = _set(live, step)
-        cs.async_save(q, live, f"{root}/{tag}", cached=True, shm=True, wrap=wrap)
+        q.schedule_async_request(change(cs.request(live, f"{root}/{tag}", cached=True, shm=True)))
         return expected
 
     for n, how in enumerate(opts["closers"]):
@@ -118,7 +117,7 @@ def reuse_after_close(opts):
         cs.finalize(q)
         out["b_equal"] = _same(cs, f"{root}/{n}b", at_b)
         gate = f"{root}/{n}gate"
-        expect2 = save(f"{n}s2", wrap=lambda fn: functools.partial(gated_io.wait_then_write, gate, fn))
+        expect2 = save(f"{n}s2", change=lambda request: gated_io.gated(request, gate))
         installed = writer._shm_drain_callback
         out["drain_installed_after_restart"] = installed is not None
         seen = []
@@ -129,12 +128,12 @@ def reuse_after_close(opts):
                 installed()
             writer._shm_drain_callback = observe
 
-        def open_gate(fn, gate=gate):  # save 3's values are in the shm buffers now; its request is not queued yet
+        def open_gate(request, gate=gate):  # save 3's values are in the shm buffers now; its request is not queued
             if not os.path.exists(gate):
                 open(gate, "w").close()
-            return fn
+            return request
 
-        expect3 = save(f"{n}s3", wrap=open_gate)
+        expect3 = save(f"{n}s3", change=open_gate)
         if installed is not None and writer._shm_drain_callback is observe:
             writer._shm_drain_callback = installed  # the observer only watches save 3
         cs.finalize(q)

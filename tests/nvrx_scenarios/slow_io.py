@@ -5,8 +5,14 @@ is pending; "break" turns the checkpoint directory into a file so NVRx's own wri
 reports the error through its results queue, as a full disk or lost mount would.
 """
 
+import functools
 import shutil
 import time
+
+
+def slowed(request, mode, seconds, path):
+    """An NVRx AsyncRequest (cli/saver.request()) whose write goes through wrapped_write first."""
+    return request._replace(async_fn=functools.partial(wrapped_write, mode, seconds, path, request.async_fn))
 
 
 def wrapped_write(mode, seconds, path, write_fn, *args, **kwargs):

@@ -57,9 +57,9 @@ def megatron_probe(desc: tuple, exported: bool, calls: list) -> dict:
             errors[name] = None
         except Exception as exc:  # the body needs a real model; the wrapper runs before it
             errors[name] = type(exc).__name__
-    from colo_shim.checkpoint import fence
+    from colo_shim.checkpoint import state
 
-    return {"pid": os.getpid(), "rows": rows(("megatron",)), "fence": fence.totals(), "errors": errors,
+    return {"pid": os.getpid(), "rows": rows(("megatron",)), "fence": state.totals(), "errors": errors,
             "class_module": cls.__module__, "class_qualname": cls.__qualname__}
 
 
