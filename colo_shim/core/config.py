@@ -67,8 +67,9 @@ KNOBS = {k.name: k for k in (
          "before it waits for the write instead"),
     Knob(DISCARD, "choice", "auto", "vLLM sleep level at finish_generation(refit_pending=None)",
          choices=("auto", "always", "never")),
-    Knob(OFFLOAD, "choice", "off", "family offload: optimizer offload/reload through page-locked mirrors "
-         "(opt-in until its H200 numbers decide the default, issue 23)", choices=("on", "off")),
+    Knob(OFFLOAD, "choice", "on", "family offload: optimizer offload/reload through page-locked mirrors "
+         "(on: the H200 host peak rose 0.89 GiB, the step fell to 0.37x; off keeps the original copies)",
+         choices=("on", "off")),
     Knob(OFFLOAD_HOST_GIB, "number", None, "host memory the offload mirrors may hold per rank; over it, the "
          "original copy runs", unset="half of MemAvailable / the node's ranks", unit="GiB", example="64"),
     *(Knob(name, "retired", "", "retired with COLO_SHIM_NVRX_RELEASE=stage: no effect")

@@ -54,8 +54,9 @@ def rows(default: str) -> list[dict]:
     return [
         dict(name="offload", target=f"{config.OFFLOAD} (page-locked optimizer mirrors)", status=switch,
              reason=(f"default {default}; mirrors keep the offloaded optimizer state in host memory while "
-                     "training (the original frees it at each reload): the node's host peak rises by up to "
-                     "that much" if switch == "on" else f"default {default}; the original pageable copies run")),
+                     "training (the original frees it at each reload): host memory while training rises by "
+                     "that much (the node's peak rose 0.89 GiB on the H200); set it off where that memory is "
+                     "short" if switch == "on" else f"default {default}; the original pageable copies run")),
         dict(name="offload", target=f"{config.OFFLOAD_HOST_GIB} (host budget per rank)",
              status=f"{cap / GIB:.1f} GiB" if cap < 1 << 62 else "none",
              reason=f"{source}; an offload whose mirrors would go beyond it copies the original way (one warning)"),

@@ -39,7 +39,8 @@ from colo_shim.core import config, wrapping
 from colo_shim.core.registry import Patch, Target
 from colo_shim.offload import mirrors
 
-# opt-in until the H200 shows the host peak rises <= 1 GiB with mirrors (issue 23, unmeasured)
+# on: in bench/e2e on the H200 (call 17) the node host peak rose 0.89 GiB (<= 1 GiB, issue 23) while
+# offload_before_refit fell from 10.6 s to 0.56 s; the steady footprint while training rose 9.7 GiB
 DEFAULT = config.KNOBS[config.OFFLOAD].default
 # megatron-core: the same method bodies from 0.15 (notes) to 0.20.0 (Megatron-LM 14346b65, NeMo-RL main's
 # pin); _ParamAndGradBuffer.offload_to_cpu from 0.16

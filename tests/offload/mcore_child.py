@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-os.environ.setdefault("COLO_SHIM_OFFLOAD", "on")  # opt-in until its GPU numbers decide the default (issue 23)
+os.environ.setdefault("COLO_SHIM_OFFLOAD", "on")  # the default; explicit so a changed default cannot skip these checks
 import time
 from types import SimpleNamespace
 

@@ -114,7 +114,7 @@ def run(st, seam, recorder) -> dict:
     out["knob_off"] = {"equal": off["equal"], "restored": off["restored"],
                        "untouched": (stats["offloads"], stats["restores"]) == calls,
                        "no_mirror_used": off["mirrored"] == 0}
-    os.environ[config.OFFLOAD] = "on"  # back to what these checks run with (the family is opt-in)
+    os.environ[config.OFFLOAD] = "on"  # back to what these checks run with (the default)
 
     import colo_shim
     from colo_shim.core import wrapping
