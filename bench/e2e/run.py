@@ -49,6 +49,7 @@ SITE = os.path.join(HERE, "site")
 GIB = float(1 << 30)
 sys.path[:0] = [p for p in (REPO, SITE) if p not in sys.path]
 from bench.e2e.driver import MODES, SIZES  # noqa: E402
+from bench.e2e.specs import name as _name, parse as _parse  # noqa: E402
 
 
 def _site_path(args, nvrx: str) -> list:
@@ -58,36 +59,11 @@ def _site_path(args, nvrx: str) -> list:
     return parts
 
 
-def _parse(spec: str):
-    """`mode@nvrx:steps[:key=value...]` -> mode, nvrx, steps, options (kvdelta, order, ckpt, offload)."""
-    mode, _, rest = spec.partition("@")
-    nvrx, *parts = rest.split(":")
-    steps = parts.pop(0) if parts else ""
-    opts = dict(part.split("=", 1) for part in parts if part)
-    unknown = set(opts) - {"kvdelta", "order", "ckpt", "offload"}
-    if (unknown or opts.get("order", "before") not in ("before", "after") or opts.get("ckpt", "disk") != "disk"
-            or opts.get("offload", "on") not in ("on", "off")):
-        raise SystemExit(f"bad run spec {spec!r}: options are kvdelta=N, order=before|after, ckpt=disk, offload=on|off")
-    if opts.get("offload") and not MODES[mode][0]:
-        raise SystemExit(f"bad run spec {spec!r}: offload= needs a colo-shim mode")
-    opts["kvdelta"] = float(opts.get("kvdelta", 0.0))
-    return mode, nvrx or "0.7.0", int(steps or 4), opts
-
-
-def _name(mode, nvrx, opts) -> str:
-    extra = [f"kv{opts['kvdelta']:+g}"] if opts["kvdelta"] else []
-    extra += [f"order={opts['order']}"] if opts.get("order") else []
-    extra += ["disk"] if opts.get("ckpt") else []
-    extra += [f"offload={opts['offload']}"] if opts.get("offload") else []
-    return f"{mode}@{nvrx}" + "".join(" " + e for e in extra)
-
-
 def orchestrate(args) -> int:
     results, measured_free = [], list(args.kv_free_gib or [])
     start = time.monotonic()
     os.makedirs(args.out, exist_ok=True)
-    for spec in args.runs.split(","):
-        mode, nvrx, steps, opts = _parse(spec)
+    for mode, nvrx, steps, opts in [_parse(spec) for spec in args.runs.split(",")]:  # all checked first
         kvdelta, name = opts["kvdelta"], _name(mode, nvrx, opts)
         ckpt_dir = args.disk_dir if opts.get("ckpt") else args.ckpt_dir
         tag = name.split("@", 1)[1].replace(" ", "-").replace("=", "")
