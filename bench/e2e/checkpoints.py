@@ -25,15 +25,15 @@ def _verify_loop(inbox, outbox):
 
     torch.set_num_threads(6)
     sys.path.insert(0, REPO)
-    from bench.ckpt_compare import compare
+    from bench.ckpt_compare import compare_ranks
 
     while True:
         item = inbox.get()
         if item is None:
             return
-        step, path, want = item
+        step, path, wants = item  # one fingerprint dict per rank
         try:
-            res = compare(path, {k: tuple(v) for k, v in want.items()})
+            res = compare_ranks(path, [{k: tuple(v) for k, v in want.items()} for want in wants])
         except Exception as exc:
             res = {"equal": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         outbox.put((step, res))
@@ -79,8 +79,11 @@ class Checkpointer:
         return path
 
     def begin_finalization(self, path, saved):
-        """`saved`: the worker's return. Its save_checkpoint began by finalizing the previous
-        write, so that one is complete now and goes to the verifier."""
+        """`saved`: the workers' returns (one per rank). Their save_checkpoint began by finalizing
+        the previous write, so that one is complete now and goes to the verifier."""
+        from bench.e2e.ranks import merge_saves
+
+        saved = merge_saves(saved)
         step = int(os.path.basename(path).split("_")[-1])
         self.rec.save_scheduled(step, saved)
         self._collect()

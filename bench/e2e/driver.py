@@ -54,11 +54,14 @@ class Cluster:
         return Instrumented(remote, "engine", self.rec)
 
     def start_trainer(self, config):
-        from bench.e2e import rpc
+        """The trainer's ranks (one process each, NeMo-RL's worker group; one rank: the process the
+        harness always had, without a rank environment)."""
+        from bench.e2e import dist, rpc
 
         t0 = time.perf_counter()
-        remote = rpc.spawn("nemo_rl.models.policy.workers.megatron_policy_worker:MegatronPolicyWorkerImpl", "trainer",
-                           config=config)
+        n = self.run_cfg["ranks"]
+        remote = rpc.spawn_group("nemo_rl.models.policy.workers.megatron_policy_worker:MegatronPolicyWorkerImpl",
+                                 "trainer", dist.envs(n) if n > 1 else [None], config=config)
         self.rec.run["trainer_start_s"] = round(time.perf_counter() - t0, 1)
         self.rec.trainer = remote
         return Instrumented(remote, "trainer", self.rec)
@@ -91,7 +94,7 @@ def driver(args) -> int:
            "release": _release_label(shim, release), "worker": layout, "async_save": async_save,
            "size": args.size, "model": sz["sizes"], "vocab": sz["vocab"], "steps": [], "val_period": args.val_period,
            "kv_cache_gib": round(args.kv_bytes / GIB, 3) if args.kv_bytes else None, "kv_rule": args.kv_rule,
-           "ckpt_medium": args.ckpt_medium, "main_finalize_order": args.order,
+           "ckpt_medium": args.ckpt_medium, "main_finalize_order": args.order, "ranks": args.ranks,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("COLO_SHIM", "E2E_", "VLLM_ENABLE"))}}
     rec = Recorder(run, args.progress)
     os.environ["E2E_ZMQ_ADDR"] = f"ipc:///tmp/colo_e2e_{os.getpid()}.sock"
@@ -103,7 +106,7 @@ def driver(args) -> int:
     params = _count_params(hf)
     gen_cfg = {"model_dir": hf_dir, "max_model_len": sz["max_seq"], "max_num_seqs": sz["max_num_seqs"],
                "kv_cache_memory_bytes": args.kv_bytes, "weights_bytes": 2 * params, "vocab": sz["vocab"],
-               "colocated": {"enabled": True}, "vllm_cfg": {"expert_parallel_size": 1}}
+               "colocated": {"enabled": True}, "vllm_cfg": {"expert_parallel_size": 1}, "ranks": args.ranks}
     policy_cfg = {"model": {k: sz[k] for k in ("sizes", "vocab", "max_seq")}, "lr": 1e-5, "micro_batch": sz["micro_batch"],
                   "colocated": True, "generation": gen_cfg, "max_total_sequence_length": sz["max_seq"],
                   "checkpoint": {"async_save": async_save, "async_strategy": "nvrx", "use_persistent_ckpt_worker": True,
@@ -128,6 +131,8 @@ def driver(args) -> int:
         s = rec.engine.call("report", "last_sleep")
         run["level1_backup_gib"] = round(s["pinned"] / GIB, 3)  # the setup finish sleeps at level 1
         run["setup_sleep_level"] = s["level"]
+        if args.ranks > 1:  # with TP the backups are the workers'
+            run["level1_backup_per_rank_gib"] = [round(b / GIB, 3) for b in rec.engine.call("report", "worker_pinned")]
         run["vllm"] = _vllm_version(rec.engine)
         run["params"] = params
         rec.write()
@@ -138,9 +143,12 @@ def driver(args) -> int:
                                  log_metrics=rec.log_metrics)
         grpo.grpo_train(policy, generation, _batches(sz, args.steps), val, None, None, None, None, logger,
                         checkpointer, {"total_steps": 0}, master_config, timer)
-        checkpointer.finish(lambda: rec.trainer.call("finish_all_saves"))
+        checkpointer.finish(lambda: max(rec.trainer.call("finish_all_saves")))
         run["engine_shim"] = rec.engine.call("report", "shim_report")
-        run["trainer_shim"] = rec.trainer.call("report", "shim_status")
+        shim_ranks = rec.trainer.call("report", "shim_status")
+        run["trainer_shim"] = shim_ranks[0]  # rank 0's, as with one rank; every rank's beside it
+        if args.ranks > 1:
+            run["trainer_shim_per_rank"] = shim_ranks
         run["driver_shim"] = probes.shim_status(details=True)  # the driver's vllm-family decisions
     except BaseException as exc:  # noqa: BLE001 - the run's record says where it stopped
         run["error"] = f"{type(exc).__name__}: {exc}"[-3000:]

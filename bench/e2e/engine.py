@@ -2,7 +2,8 @@
 
 GPU: real vLLM (0.26.0 / 0.25.1): `LLM(load_format="dummy", enable_sleep_mode=True,
 enforce_eager=True, skip_tokenizer_init=True, kv_cache_memory_bytes=..., worker_extension_cls=
-NeMo-RL's extension)`, engine core in this process. CPU smoke (E2E_FAKE_ENGINE=1): fake_engine.py's
+NeMo-RL's extension)`, engine core in this process; with ranks > 1 `tensor_parallel_size=ranks` over the
+trainer's GPUs (worker processes of vLLM's mp executor, worker i on GPU i). CPU smoke (E2E_FAKE_ENGINE=1): fake_engine.py's
 FakeLLM behind the same calls, with no vLLM and no colo-shim engine side. The extension's refit is
 refit.py; what the harness measures in this actor, probes.py. The extension is named by its dotted
 path only (vLLM imports it; so does FakeLLM), so this module and the extension never import each other.
@@ -37,6 +38,8 @@ def build_llm(cfg: dict):
               dtype="bfloat16", max_model_len=cfg["max_model_len"], max_num_seqs=cfg["max_num_seqs"],
               skip_tokenizer_init=True, gpu_memory_utilization=cfg.get("gpu_memory_utilization", 0.95),
               worker_extension_cls=EXTENSION)
+    if int(cfg.get("ranks", 1)) > 1:  # one worker per trainer GPU, refitted from the rank on its GPU
+        kw.update(tensor_parallel_size=int(cfg["ranks"]), distributed_executor_backend="mp")
     if cfg.get("kv_cache_memory_bytes"):
         kw["kv_cache_memory_bytes"] = int(cfg["kv_cache_memory_bytes"])
     return vllm.LLM(**kw)

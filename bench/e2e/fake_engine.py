@@ -5,6 +5,11 @@ so the smoke receives the real ZMQ refit through the real extension code (and th
 which imports refit.py, never has to import the engine back). It holds the HF weights it was sent
 and "generates" ids derived from them, so a refit that changed nothing would show in the ids.
 Sleep and wake only flip a flag: no device memory, no colo-shim engine side.
+
+With `ranks` > 1 it has one worker per trainer rank, as vLLM with tensor parallelism has one per
+GPU: `collective_rpc` reaches each (refit from its own trainer rank, digests, pinned memory), and a
+sleep at the level colo-shim asked for (its control tags on wake_up) drops every worker's weights at
+level 2, so a discard that no refit follows would show in that worker's digests and in generate.
 """
 
 from __future__ import annotations
@@ -38,18 +43,27 @@ class FakeLLM:
     def __init__(self, cfg, worker_extension_cls: str):
         module, _, name = worker_extension_cls.rpartition(".")
         extension = getattr(importlib.import_module(module), name)
-        worker = type("FakeWorker", (extension,), {})()
-        worker.model_runner = SimpleNamespace(model=_FakeModel())
-        self.worker, self.cfg, self.asleep = worker, cfg, False
+        self.workers = []
+        for rank in range(int(cfg.get("ranks", 1))):
+            worker = type("FakeWorker", (extension,), {})()
+            worker.model_runner, worker.rank = SimpleNamespace(model=_FakeModel()), rank
+            self.workers.append(worker)
+        self.worker, self.cfg, self.asleep, self.pending_level = self.workers[0], cfg, False, 1
 
     def collective_rpc(self, method, args=(), kwargs=None):
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+        return [getattr(worker, method)(*args, **(kwargs or {})) for worker in self.workers]
 
     def sleep(self, level=1):
         self.asleep = True
+        if len(self.workers) > 1 and max(level, self.pending_level) >= 2:
+            for worker in self.workers:  # level 2: the weights are gone until the next refit
+                worker.model_runner.model.params.clear()
+        self.pending_level = 1
 
     def wake_up(self, tags=None):
         if tags and all(str(t).startswith("colo_shim:") for t in tags):
+            levels = [int(t.split("=", 1)[1]) for t in tags if str(t).startswith("colo_shim:sleep_level=")]
+            self.pending_level = 1 if "colo_shim:cancel" in tags else (levels or [self.pending_level])[-1]
             return
         self.asleep = False
 
@@ -57,6 +71,8 @@ class FakeLLM:
         return True
 
     def generate(self, prompts, params, use_tqdm=False):
+        if len(self.workers) > 1 and any(not w.model_runner.model.params for w in self.workers):
+            raise RuntimeError("fake engine: a worker generates on discarded weights (no refit since its level-2 sleep)")
         state = hashlib.sha1(json.dumps({k: round(float(v.double().sum()), 6) for k, v in
                                          self.worker.model_runner.model.params.items()}).encode()).digest()
         vocab = self.cfg["vocab"]

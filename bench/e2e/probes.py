@@ -130,6 +130,14 @@ class EngineProbe:
     def digest(self):
         return self.worker.llm.collective_rpc("e2e_weights_digest")[0]
 
+    def digests(self):
+        """Every worker's digests, in worker (= GPU, = trainer rank) order."""
+        return self.worker.llm.collective_rpc("e2e_weights_digest")
+
+    def worker_pinned(self):
+        """Each worker's pinned host memory (with tensor parallelism the backups live in the workers)."""
+        return self.worker.llm.collective_rpc("e2e_pinned_bytes")
+
     def memory(self):
         out = {"pinned": pinned_bytes()}
         if torch.cuda.is_available():

@@ -11,6 +11,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from bench.e2e import ranks
+
 GIB = float(1 << 30)
 
 
@@ -84,12 +86,14 @@ def _shm_used() -> int:
 
 
 class Recorder:
-    """The per-step records (issue 17's schema) and the progress file a crashed run leaves behind."""
+    """The per-step records (issue 17's schema) and the progress file a crashed run leaves behind.
+    `trainer` is the ranks' group (rpc.Group: every report is a list, one entry per rank); step
+    fields are the worst rank's, `per_rank` has each rank's (ranks.py)."""
 
     def __init__(self, run, progress):
         self.run, self.progress, self.step, self.instrument_s = run, progress, None, 0.0
         self.trainer = self.engine = None
-        self.fence0 = self.fin0 = self.nested0 = 0.0
+        self.n, self.base, self._sent = ranks.of(run), None, {}
 
     def write(self):
         with open(self.progress + ".tmp", "w") as f:
@@ -112,10 +116,7 @@ class Recorder:
         self.monitor.take()
         self.timer, self.t0, self.instrument_s = timer, time.perf_counter(), 0.0
         timer.times.clear()
-        p = self.trainer_probe()
-        self.fence0, self.fin0 = p["fence"].get("fence_s", 0.0), p["finalize_in_offload_s"]
-        self.nested0 = p.get("fence_in_finalize_s", 0.0)
-        self.parts0 = dict(p.get("offload_parts", {}))
+        self.base = self.trainer_probe()
         self.step = {"step": n, "wake_ok": None, "held_gib": None, "offloaded_gib": None, "host_peak_gib": None,
                      "pinned_after_finish_gib": None, "level1_backup_gib": self.run.get("level1_backup_gib"),
                      "discarded": None, "ckpt_equal": None, "refit_equal": None, "step_s": None,
@@ -136,17 +137,20 @@ class Recorder:
         if actor == "trainer" and method == "offload_before_refit" and getattr(self, "checkpointer", None):
             self.checkpointer.after_offload()
         if actor == "trainer" and method == "offload_after_refit":
-            p = self.trainer_probe()
+            ps = self.trainer_probe()
             with self.instrument():
-                state = self.trainer.call("report", "state_bytes")
-            self.step.setdefault("held_all_gib", []).append(round(p["reserved"] / GIB, 3))
+                states = self.trainer.call("report", "state_bytes")
+            self.step.setdefault("held_all_gib", []).append(round(max(p["reserved"] for p in ps) / GIB, 3))
             if self.step["held_gib"] is None:  # the step's first offload: the one a save may be in flight at
-                self.step["held_gib"] = round(p["reserved"] / GIB, 3)
-                self.step["offloaded_gib"] = round(state / GIB, 3)
-                self.step["free_after_offload_gib"] = round(p["free"] / GIB, 3)
-                self.step["trainer_pinned_gib"] = round(p["pinned"] / GIB, 3)
-                self.step["stage_registered_gib"] = round(p.get("registered", 0) / GIB, 3)
-                self.step["pending_saves_at_offload"] = p["pending_saves"]
+                self.step["held_gib"] = round(max(p["reserved"] for p in ps) / GIB, 3)
+                self.step["offloaded_gib"] = round(max(states) / GIB, 3)
+                self.step["free_after_offload_gib"] = round(min(p["free"] for p in ps) / GIB, 3)
+                self.step["trainer_pinned_gib"] = round(max(p["pinned"] for p in ps) / GIB, 3)
+                self.step["stage_registered_gib"] = round(max(p.get("registered", 0) for p in ps) / GIB, 3)
+                self.step["pending_saves_at_offload"] = max(p["pending_saves"] for p in ps)
+                for row, p, state in zip(ranks.rows(self.step, self.n), ps, states):
+                    row.update(held_gib=round(p["reserved"] / GIB, 3), offloaded_gib=round(state / GIB, 3),
+                               held_pct=round(100 * p["reserved"] / state, 2) if state else None)
             self.run.setdefault("free_after_offload_gib", []).append(self.step["free_after_offload_gib"])
         if actor == "engine" and method == "wake_up" and not _control(kwargs.get("tags")):
             with self.instrument():
@@ -161,32 +165,31 @@ class Recorder:
                 self.step.update(wake_free_gib=rec["free_gib"], wake_requested_gib=rec["requested_gib"])
                 if not w["ok"]:
                     self.step["wake_error"] = w["error"]
-            if w["ok"] and w["tags"] is None and getattr(self, "_sent", None):
+            if w["ok"] and w["tags"] is None and self._sent:
                 self.refit_done("wake")  # no refit this step: the kept (level-1) weights must be the last sent
             self.write()
         if actor == "engine" and method == "update_weights_via_ipc_zmq":
             self.refit_done()
 
-    def stream_result(self, result):
-        self._sent = result
+    def stream_result(self, result, rank=0):
+        if rank == 0:  # a new stream: the ranks' results arrive in rank order
+            self._sent = {}
+        self._sent[rank] = result
 
     def refit_done(self, kind="refit"):
         with self.instrument():
-            held = self.engine.call("report", "digest")
-        sent = self._sent["digests"]
-        got = held["digests"]
-        worst = 0.0
-        for name, (s, q) in sent.items():
-            g = got.get(name)
-            if g is None:
-                worst = float("inf")
-                break
-            worst = max(worst, abs(g[0] - s) / max(1.0, abs(s)), abs(g[1] - q) / max(1.0, abs(q)))
-        equal = worst <= 1e-9 and not held["uncovered"] and set(got) == set(sent)
-        self.step["refits"].append({"kind": kind, "equal": equal, "max_rel_diff": worst, "uncovered": held["uncovered"][:5],
-                                    "tensors": len(sent), "buffers": self._sent["buffers"],
-                                    "stream_s": self._sent["stream_s"]})
+            held = self.engine.call("report", "digests")
+        sent = [self._sent[r] for r in sorted(self._sent)]
+        equal, worst, uncovered = ranks.refit_check(sent, held)
+        rec = {"kind": kind, "equal": all(equal), "max_rel_diff": worst, "uncovered": uncovered[:5],
+               "tensors": len(sent[0]["digests"]), "buffers": sent[0]["buffers"],
+               "stream_s": max(s["stream_s"] for s in sent)}
+        if self.n > 1:
+            rec["workers_equal"] = equal
+        self.step["refits"].append(rec)
         self.step["refit_equal"] = all(r["equal"] for r in self.step["refits"])
+        for r, row in enumerate(ranks.rows(self.step, self.n)):
+            row["refit_equal"] = all(x["workers_equal"][r] for x in self.step["refits"])
 
     def after_finish(self, kind):
         with self.instrument():
@@ -196,6 +199,11 @@ class Recorder:
         self.step[key + "sleep_level"] = s["level"]
         if kind == "rollout":
             self.step["discarded"] = s["level"] >= 2
+        if self.n > 1:  # the backups live in the engine's workers (vLLM's TP worker processes)
+            with self.instrument():
+                pinned = self.engine.call("report", "worker_pinned")
+            for row, b in zip(ranks.rows(self.step, self.n), pinned):
+                row[key + "pinned_after_finish_gib"] = round(b / GIB, 3)
 
     def save_scheduled(self, step, saved):
         self.step.update(save_schedule_s=saved["schedule_s"], save_finalize_prev_s=saved["finalize_prev_s"],
@@ -206,18 +214,21 @@ class Recorder:
             if rec["step"] == step:
                 rec["ckpt_equal"] = bool(res.get("equal"))
                 rec["ckpt"] = res
+                for row, r in zip(ranks.rows(rec, self.n), res.get("ranks", [])):
+                    row["ckpt_equal"] = bool(r.get("equal"))
         self.write()
 
     def log_metrics(self, metrics, step):
-        p = self.trainer_probe()
+        ps = self.trainer_probe()
+        waits = [ranks.offload_wait(p, b) for p, b in zip(ps, self.base)]
+        for row, wait in zip(ranks.rows(self.step, self.n), waits):
+            row["offload_wait_s"] = wait
         rss, shm, avail = self.monitor.take()
         wall = time.perf_counter() - self.t0
         self.step.update(
             host_peak_gib=round(rss / GIB, 3), shm_peak_gib=round(shm / GIB, 3), mem_available_min_gib=round(avail / GIB, 3),
             step_s=round(wall - self.instrument_s, 3), instrument_s=round(self.instrument_s, 3),
-            offload_wait_s=round(p["fence"].get("fence_s", 0.0) - self.fence0 + p["finalize_in_offload_s"] - self.fin0
-                                 - (p.get("fence_in_finalize_s", 0.0) - self.nested0), 3),
-            offload_parts={k: round(v - self.parts0.get(k, 0.0), 3) for k, v in p.get("offload_parts", {}).items()},
+            offload_wait_s=max(waits), offload_parts=ranks.offload_parts(ps, self.base),
             times=dict(self.timer.times), ids_digest=metrics.get("ids_digest"),
             mean_reward=metrics.get("mean_reward"), loss=metrics.get("loss"))
         self.write()
@@ -244,18 +255,23 @@ class Instrumented:
             self.rec.after_call(self.actor, name, out, kwargs)
 
     def submit(self, name, *args, **kwargs):
-        fut = self.remote.submit(name, *args, **kwargs)
+        futs = self.remote.submit(name, *args, **kwargs)  # a list from a group of ranks
         inst = self
 
         class Wrapped:
+            def __init__(self_inner, fut, rank):
+                self_inner.fut, self_inner.rank = fut, rank
+
             def get(self_inner):
-                out = fut.get()
+                out = self_inner.fut.get()
                 if name == "stream_weights_via_ipc_zmq":
-                    inst.rec.stream_result(out)
-                else:
+                    inst.rec.stream_result(out, self_inner.rank)
+                elif self_inner.rank == 0:
                     inst.rec.after_call(inst.actor, name, out, kwargs)
                 return out
-        return Wrapped()
+        if isinstance(futs, list):
+            return [Wrapped(f, r) for r, f in enumerate(futs)]
+        return Wrapped(futs, 0)
 
     def close(self):
         self.remote.close()

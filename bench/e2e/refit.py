@@ -22,6 +22,12 @@ ALIGN = 512  # NeMo-RL packs tensors at 512-byte alignment
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
+def rank_address(base: str, rank: int) -> str:
+    """The ZMQ address of one trainer rank and the engine worker on its GPU (NeMo-RL keys it by the
+    GPU's uuid; here by rank, rank i on GPU i on both sides). Rank 0 keeps the one-rank address."""
+    return base if rank == 0 else f"{base.removesuffix('.sock')}_{rank}.sock"
+
+
 def digest(t: torch.Tensor) -> list:
     """[sum, sum of squares] in float64: what both ends compare per HF name."""
     t = t.detach().reshape(-1)
@@ -143,15 +149,23 @@ def _post_process(ext) -> None:
         process_weights_after_loading(model, ext.model_config, device)
 
 
-def weights_digest(model, info: dict) -> dict:
+def weights_digest(model, info: dict, tp: tuple = (0, 1)) -> dict:
     """Per-HF-name [sum, sum of squares] (float64) of the weights the engine holds, slicing vLLM's
     fused qkv_proj / gate_up_proj by the shapes the trainer announced in prepare_refit_info;
-    engine parameters the refit does not name are listed (a refit must cover every one)."""
+    engine parameters the refit does not name are listed (a refit must cover every one).
+
+    With tensor parallelism (`tp` = (rank, size) > 1 worker; GPU only) each worker holds a shard:
+    its digest is its part of the sum (row shards: rows / size of each part; column shards: the whole
+    local tensor; replicated tensors: counted by TP rank 0 only), and the driver adds the workers'
+    parts, which equal the full tensor's digest because sums of disjoint shards add up."""
     out, uncovered = {}, []
+    tp_rank, tp_size = tp
     for name, p in model.named_parameters():
         t = p.detach()
+        if tp_size > 1 and tp_rank and getattr(p, "output_dim", None) is None and getattr(p, "input_dim", None) is None:
+            t = t.new_zeros(t.shape)  # replicated: TP rank 0's copy is the one counted
         if name in info:
-            rows = info[name][0][0]
+            rows = _rows(info[name], p, tp_size)
             out[name] = digest(t[:rows])  # vLLM pads vocab rows; the refit writes the real ones
             continue
         key = next((k for k in _FUSED if f".{k}." in name), None)
@@ -164,7 +178,14 @@ def weights_digest(model, info: dict) -> dict:
             if hf not in info:
                 uncovered.append(name)
                 break
-            rows = info[hf][0][0]
+            rows = _rows(info[hf], p, tp_size)
             out[hf] = digest(t[offset:offset + rows])
             offset += rows
-    return {"digests": out, "uncovered": uncovered}
+    return {"digests": out, "uncovered": uncovered, "tp": tp_size}
+
+
+def _rows(announced, param, tp_size: int) -> int:
+    """Rows of one HF tensor in this worker's parameter: all of them, or 1/tp of them where vLLM
+    shards the parameter by rows (output_dim 0: column-parallel layers, the vocab)."""
+    rows = announced[0][0]
+    return rows // tp_size if tp_size > 1 and getattr(param, "output_dim", None) == 0 else rows

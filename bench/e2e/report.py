@@ -71,7 +71,7 @@ def rows(report: dict) -> list[dict]:
         share = round(100 * max(held) / max(off), 1) if held and off else None
         out.append({
             "run": r["name"], "shim": r.get("shim"), "release": r.get("release"), "vllm": r.get("vllm"),
-            "steps": len(done), "oom": len(oom),
+            "steps": len(done), "oom": len(oom), "ranks": int(r.get("ranks") or 1),  # older records: one rank
             "oom_detail": (f"step {oom[0]['step']} wake_up: {oom[0].get('wake_error', '?')[:80]} "
                            f"(free {oom[0].get('wake_free_gib')} GiB < asked {oom[0].get('wake_requested_gib')} GiB)"
                            if oom else None),
@@ -107,7 +107,8 @@ def _short(error):
     return (text.strip().splitlines() or [""])[0][:140]
 
 
-COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("held_gib", "held GiB"), ("held_pct", "held % of offloaded"),
+COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("ranks", "ranks"), ("held_gib", "held GiB"),
+        ("held_pct", "held % of offloaded"),
         ("offloaded_gib", "offloaded GiB"), ("host_peak_gib", "host peak GiB"),
         ("pinned_after_finish_gib", "pinned after finish GiB"), ("level1_backup_gib", "level-1 backup GiB"),
         ("discarded", "finishes discarded"), ("ckpt_equal", "ckpt equal"), ("refit_equal", "refit equal"),
@@ -119,7 +120,7 @@ COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"
         ("registered_gib", "page-locked staging GiB"), ("kv_cache_gib", "KV GiB")]
 
 
-SHORT = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("held_pct", "held %"),
+SHORT = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("ranks", "ranks"), ("held_pct", "held %"),
          ("ckpt_equal", "ckpt equal"), ("step_plain_s", "step s, save in flight"),
          ("offload_wait_s", "offload wait s"), ("host_peak_gib", "host peak GiB")]
 
@@ -175,6 +176,35 @@ def parts_markdown(report: dict) -> str:
                                 for s in steps])) for k in PARTS]
             lines.append(f"| {r['name']} | {r.get('vllm')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+RANK_COLS = [("rank", "rank"), ("held_gib", "held GiB"), ("held_pct", "held % of offloaded"), ("ckpt_equal", "ckpt equal"),
+             ("refit_equal", "refit equal"), ("pinned_after_finish_gib", "pinned after finish GiB"),
+             ("offload_wait_s", "offload wait s, steps >= 2")]
+
+
+def per_rank(run: dict) -> list:
+    """Per rank over a run's steps (issue 25's `per_rank`): max held GiB and % of that rank's offloaded
+    state, checkpoints and refits equal, max pinned after a rollout finish, median offload wait over
+    steps >= 2. Runs of one rank have no per-rank rows (their step fields are that rank's)."""
+    out = []
+    for r in range(int(run.get("ranks") or 1) if any(s.get("per_rank") for s in run.get("steps", [])) else 0):
+        got = [(s, s["per_rank"][r]) for s in run["steps"] if len(s.get("per_rank") or []) > r]
+        vals = [[x[k] for _, x in got if x.get(k) is not None] for k, _ in RANK_COLS[1:]]
+        held, pct, ck, rf, pinned, _ = vals
+        waits = [x["offload_wait_s"] for s, x in got if s["step"] >= 2 and x.get("offload_wait_s") is not None]
+        out.append({"rank": r, "held_gib": max(held, default=None), "held_pct": max(pct, default=None),
+                    "ckpt_equal": f"{sum(ck)}/{len(ck)}" if ck else "-", "refit_equal": f"{sum(rf)}/{len(rf)}" if rf else "-",
+                    "pinned_after_finish_gib": max(pinned, default=None), "offload_wait_s": _med(waits)})
+    return out
+
+
+def ranks_markdown(report) -> str:
+    """One table of every rank of the runs with more than one rank (empty when there are none)."""
+    lines = ["| run | " + " | ".join(h for _, h in RANK_COLS) + " |", "|" + "---|" * (len(RANK_COLS) + 1)]
+    body = [f"| {r['name']} | " + " | ".join(_fmt(row[k]) for k, _ in RANK_COLS) + " |"
+            for r in runs_of(report) if "skipped" not in r for row in per_rank(r)]
+    return "\n".join(["Per rank (runs with ranks > 1):", ""] + lines + body) if body else ""
 
 
 def svg(report, title: str = "") -> str:
@@ -238,6 +268,9 @@ def main(argv=None) -> int:
         print(split_markdown(report))
         print()
         print(parts_markdown(report))
+        if ranks_markdown(report):
+            print()
+            print(ranks_markdown(report))
     else:
         for row in rows(report):
             print(json.dumps(row))

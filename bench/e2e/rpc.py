@@ -1,9 +1,11 @@
-"""The driver's RPC to its two GPU processes, as Ray actors give NeMo-RL's driver.
+"""The driver's RPC to its GPU processes, as Ray actors give NeMo-RL's driver.
 
-One spawned process per actor (the trainer, the vLLM engine), each serving one object over a
+One spawned process per actor (each trainer rank, the vLLM engine), each serving one object over a
 multiprocessing pipe, one call at a time, in order (a default Ray actor's concurrency). `submit`
 returns a future so the driver can start the trainer's weight stream and the engine's receive at
-once, as `refit_policy_generation` does with two `.remote()` calls and `ray.get`.
+once, as `refit_policy_generation` does with two `.remote()` calls and `ray.get`. A `Group` is the
+trainer's ranks as NeMo-RL's RayWorkerGroup holds them: every call goes to all ranks before any
+result is awaited, since a rank's call may enter a collective that only returns once every rank is in.
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ class Remote:
             self.proc.kill()
 
 
-def _serve(conn, factory: str, kwargs: dict) -> None:
+def _serve(conn, factory: str, kwargs: dict, env: dict | None = None) -> None:
+    import os
+
+    os.environ.update(env or {})  # a rank's RANK/WORLD_SIZE/...: set before anything reads them
     module, _, name = factory.partition(":")
     try:
         obj = getattr(importlib.import_module(module), name)(**kwargs)
@@ -98,12 +103,44 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
             conn.send(("err", traceback.format_exc()[-4000:]))
 
 
-def spawn(factory: str, label: str, **kwargs) -> Remote:
-    """Start `module:Callable(**kwargs)` in a fresh spawned interpreter (the actor's own CUDA context)."""
+def _start(factory: str, label: str, kwargs: dict, env: dict | None) -> Remote:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child, factory, kwargs), name=label, daemon=False)
+    proc = ctx.Process(target=_serve, args=(child, factory, kwargs, env), name=label, daemon=False)
     proc.start()
-    remote = Remote(parent, proc, label)
+    return Remote(parent, proc, label)
+
+
+def spawn(factory: str, label: str, **kwargs) -> Remote:
+    """Start `module:Callable(**kwargs)` in a fresh spawned interpreter (the actor's own CUDA context)."""
+    remote = _start(factory, label, kwargs, None)
     Future(remote, "__init__").get()
     return remote
+
+
+class Group:
+    """The ranks of one actor class: `submit` returns one future per rank, `call` all ranks' results
+    in rank order. Every rank gets the call before any result is awaited (calling rank by rank would
+    leave rank 0 alone in a collective, waiting for a rank that has not been asked yet)."""
+
+    def __init__(self, remotes: list, label: str):
+        self.remotes, self.label = remotes, label
+
+    def submit(self, name, *args, **kwargs) -> list:
+        return [r.submit(name, *args, **kwargs) for r in self.remotes]
+
+    def call(self, name, *args, **kwargs) -> list:
+        return [f.get() for f in self.submit(name, *args, **kwargs)]
+
+    def close(self, timeout=30):
+        for remote in self.remotes:
+            remote.close(timeout)
+
+
+def spawn_group(factory: str, label: str, envs: list, **kwargs) -> Group:
+    """One process per entry of `envs` (that rank's environment), all started before any is awaited:
+    their constructors meet in init_process_group."""
+    remotes = [_start(factory, f"{label}{i}" if len(envs) > 1 else label, kwargs, env) for i, env in enumerate(envs)]
+    for remote in remotes:
+        Future(remote, "__init__").get()
+    return Group(remotes, label)

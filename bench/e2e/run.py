@@ -23,7 +23,9 @@ Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's 
 `finalize_async_save` (a waiting call), reaching the trainer right after save_checkpoint returns
 (before) or right after the next offload_before_refit (after); `ckpt=disk` writes that run's
 checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm); `offload=on|off` sets COLO_SHIM_OFFLOAD for that
-run (issue 23's optimizer-offload family; shim modes only). E.g. `main3322_shim@0.7.0:4:order=after`.
+run (issue 23's optimizer-offload family; shim modes only); `ranks=N` runs N trainer ranks
+(data parallel, one NVRx writer each) and an engine of N workers (vLLM tensor_parallel_size=N),
+one per GPU (issue 25). E.g. `main3322_shim@0.7.0:4:order=after`, `shim@0.7.0:10:ranks=2`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
 memory right after offload_after_refit in the last colo-shim run of this invocation (or
@@ -104,7 +106,8 @@ def orchestrate(args) -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--mode", mode, "--name", name, "--nvrx", nvrx,
                "--steps", str(steps), "--size", args.size, "--val-period", str(args.val_period), "--progress", progress,
                "--work", work, "--ckpt-dir", ckpt_dir, "--kv-bytes", str(kv or 0), "--kv-rule", str(rule),
-               "--ckpt-medium", "disk" if opts.get("ckpt") else "shm"] + (["--order", opts["order"]] if opts.get("order") else [])
+               "--ckpt-medium", "disk" if opts.get("ckpt") else "shm", "--ranks", str(opts["ranks"])] + (
+                   ["--order", opts["order"]] if opts.get("order") else [])
         shm_before = set(os.listdir("/dev/shm"))
         t0 = time.monotonic()
         log_path = os.path.join(args.out, f"log-{mode}-{tag}.txt")
@@ -136,6 +139,7 @@ def orchestrate(args) -> int:
             row["error"] = f"run limit {min(args.per_run_s, left):.0f}s reached after {len(row['steps'])} steps"
         elif rc != 0 and "error" not in row:
             row["error"] = f"driver exit {rc}; see log"
+        row.setdefault("ranks", opts["ranks"])  # a driver that died before its first record
         row["wall_s"] = round(time.monotonic() - t0, 1)
         row["shm_left_behind"] = len(leftover)
         row["log_tail"] = open(log_path).read()[-1500:] if row.get("error") else None
@@ -227,6 +231,7 @@ def main() -> int:
     ap.add_argument("--disk-dir", default="/var/tmp/colo_e2e_ckpt", help="checkpoints of runs with ckpt=disk")
     ap.add_argument("--ckpt-medium", default="shm")
     ap.add_argument("--order", default=None, choices=("before", "after"))
+    ap.add_argument("--ranks", type=int, default=1, help="trainer ranks and engine workers (one per GPU)")
     ap.add_argument("--progress", default=None)
     ap.add_argument("--kv", default="auto")
     ap.add_argument("--kv-bytes", type=int, default=0)

@@ -1,12 +1,13 @@
 """The trainer actor's megatron-core and NVRx work (called by the site's MegatronPolicyWorkerImpl).
 
-GPU: one rank of NCCL, GPTModel in Llama shape (bench/e2e/convert.py's config: RMSNorm, SwiGLU,
-RoPE, GQA, untied output), bf16, megatron DDP (grad_reduce_in_fp32) + megatron's distributed Adam;
-the optimizer moves with megatron's own `offload_to_cpu()` / `restore_from_cpu()`.
+GPU: NCCL, one rank per GPU, GPTModel in Llama shape (bench/e2e/convert.py's config: RMSNorm,
+SwiGLU, RoPE, GQA, untied output), bf16, megatron DDP (grad_reduce_in_fp32) + megatron's distributed
+Adam, sharded over the data-parallel ranks (dist.py); the optimizer moves with megatron's own
+`offload_to_cpu()` / `restore_from_cpu()`.
 CPU (the CI smoke): gloo; megatron's optimizers allocate on "cuda" unconditionally and DDP's grad
 sync asks for CUDA streams, so there the model is in megatron DDP without the distributed optimizer,
-a torch Adam steps the params from DDP's main_grad, and the NVRx queue is its CPU shared-memory
-worker. Everything else (model, checkpoint content, NVRx path, refit packing) is the same code.
+a torch Adam steps the params from DDP's main_grad (averaged over the ranks with gloo), and the
+NVRx queue is its CPU shared-memory worker. Everything else (model, checkpoint content, NVRx path, refit packing) is the same code.
 The refit's trainer end is refit.py (beside the engine end it must match); what the harness
 measures in this actor, probes.py; the checkpoint fingerprints, bench/ckpt_compare.py.
 """
@@ -18,6 +19,8 @@ import time
 from types import SimpleNamespace
 
 import torch
+
+from bench.e2e.dist import average_grads, init as init_world, rank, share, timeout_s, world
 
 
 def cuda() -> bool:
@@ -38,6 +41,8 @@ def _init_dist():
 
     from colo_shim.cli.saver import init_single_rank
 
+    if world() > 1:
+        return init_world(cuda())
     if cuda():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
@@ -60,7 +65,7 @@ def build(config: dict) -> SimpleNamespace:
 
     from bench.e2e import convert
 
-    parallel_state.initialize_model_parallel(1, 1)
+    parallel_state.initialize_model_parallel(1, 1, distributed_timeout_minutes=timeout_s(cuda()) / 60)
     m = config["model"]
     gpu = cuda()
     if gpu:
@@ -147,7 +152,9 @@ def _token_logprobs(st, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
 
 
 def logprobs(st, data: dict) -> dict:
+    """This rank's share of the rows (dist.share); the driver concatenates the ranks' lists."""
     tokens, prompt = _batch(st, data)
+    tokens = tokens[share(tokens.shape[0])]
     mb = st.cfg["micro_batch"]
     out = []
     with torch.no_grad():
@@ -166,8 +173,9 @@ def train_step(st, data: dict) -> dict:
         sel = groups == g
         adv[sel] = rewards[sel] - rewards[sel].mean()
     device = tokens.device
-    adv = adv.to(device)
-    old = torch.tensor(data["prev_logprobs"], dtype=torch.float32, device=device)
+    rows = share(tokens.shape[0])  # this rank's rows; their mean loss, averaged over ranks by the grad sync
+    tokens, adv = tokens[rows], adv.to(device)[rows]
+    old = torch.tensor(data["prev_logprobs"], dtype=torch.float32, device=device)[rows]
     st.ddp.zero_grad_buffer()
     st.opt.zero_grad()
     mb, n, loss_sum = st.cfg["micro_batch"], tokens.shape[0], 0.0
@@ -182,6 +190,8 @@ def train_step(st, data: dict) -> dict:
         st.opt.step()
         torch.cuda.synchronize()
     else:  # no CUDA streams for DDP's grad sync; one rank: main_grad is the gradient
+        if world() > 1:
+            average_grads(st.buffers)
         for p in st.model.parameters():
             p.grad = p.main_grad.to(p.dtype)
         st.opt.step()
@@ -199,20 +209,24 @@ def make_queue(st):
 def _optimizer_state(st) -> dict:
     """The optimizer's own storage (fp32 main params, Adam moments) as ShardedTensors referencing
     the live tensors (megatron's dp_reshardable helper asserts with torch's Adam, the fallback
-    without TE/apex). On the CPU smoke: torch Adam's moments."""
+    without TE/apex). On the CPU smoke: torch Adam's moments. The distributed optimizer holds a
+    different shard on each rank: one key per rank (`optimizer.rankN.`); a replicated state (CPU,
+    or one rank) keeps one key, written by rank 0, that every rank's fingerprints must match."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
+    sharded = st.gpu and world() > 1
+    prefix, replica = (f"optimizer.rank{rank()}", 0) if sharded else ("optimizer", rank())
     found = {}
     inners = [o.optimizer for o in getattr(st.opt, "chained_optimizers", [st.opt])] if st.gpu else [st.opt]
     for ci, inner in enumerate(inners):
         for gi, group in enumerate(inner.param_groups):
             for pi, p in enumerate(group["params"]):
-                base = f"optimizer.c{ci}.g{gi}.p{pi}"
+                base = f"{prefix}.c{ci}.g{gi}.p{pi}"
                 if st.gpu:
-                    found[base + ".main"] = ShardedTensor.from_rank_offsets(base + ".main", p.data, replica_id=0)
+                    found[base + ".main"] = ShardedTensor.from_rank_offsets(base + ".main", p.data, replica_id=replica)
                 for k, v in inner.state.get(p, {}).items():
                     if torch.is_tensor(v) and v.numel() == p.numel():
-                        found[f"{base}.{k}"] = ShardedTensor.from_rank_offsets(f"{base}.{k}", v, replica_id=0)
+                        found[f"{base}.{k}"] = ShardedTensor.from_rank_offsets(f"{base}.{k}", v, replica_id=replica)
     return found
 
 

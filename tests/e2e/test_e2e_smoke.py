@@ -10,32 +10,15 @@ colo-shim is on (COLO_SHIM=1, default release), so its driver-side vllm family d
 the site's frames, as it would in NeMo-RL.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
-from harness.procs import PYTHON, REPO, clean_env
-from helpers import deps_dir
+from e2e_harness import run_harness as _harness
 
 STEP_KEYS = {"wake_ok": bool, "held_gib": float, "offloaded_gib": float, "host_peak_gib": float,
              "pinned_after_finish_gib": float, "level1_backup_gib": float, "discarded": bool,
              "ckpt_equal": bool, "refit_equal": bool, "step_s": float, "offload_wait_s": float}
-
-
-def _harness(tmp_path, runs: str) -> dict:
-    site = tmp_path / "site"
-    site.mkdir()
-    os.symlink(deps_dir("mcore", "0.19.2"), site / "mcore")
-    os.symlink(deps_dir("nvrx", "0.7.0"), site / "nvrx070")
-    out = tmp_path / "out"
-    cmd = [PYTHON, os.path.join(REPO, "bench", "e2e", "run.py"), "--runs", runs, "--size", "tiny",
-           "--fake-engine", "--site", str(site), "--out", str(out), "--work", str(tmp_path / "work"),
-           "--ckpt-dir", str(tmp_path / "ckpt"), "--val-period", "2", "--per-run-s", "240"]
-    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.load(open(out / "e2e.json"))
 
 
 def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
@@ -45,6 +28,7 @@ def test_harness_runs_steps_and_verifies_checkpoints(tmp_path):
     assert {k: run[k] for k in ("name", "nvrx", "shim", "release")} == {
         "name": "shim@0.7.0", "nvrx": "0.7.0", "shim": True, "release": "inplace (default)"}
     assert "vllm" in run and [s["step"] for s in run["steps"]] == [1, 2, 3]
+    assert run["ranks"] == 1 and not any("per_rank" in s for s in run["steps"])  # one rank: the record as before
     for step in run["steps"]:
         for key, typ in STEP_KEYS.items():
             assert isinstance(step[key], typ) or (typ is float and isinstance(step[key], int)), (key, step)

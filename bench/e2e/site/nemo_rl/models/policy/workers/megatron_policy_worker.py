@@ -52,7 +52,8 @@ class MegatronPolicyWorkerImpl:
         return core.free_bytes()
 
     def stream_weights_via_ipc_zmq(self, buffer_size_bytes: int) -> dict:
-        return refit.stream_weights(self.state, os.environ["E2E_ZMQ_ADDR"], buffer_size_bytes)
+        address = refit.rank_address(os.environ["E2E_ZMQ_ADDR"], core.rank())  # the engine worker on this GPU
+        return refit.stream_weights(self.state, address, buffer_size_bytes)
 
     def offload_before_refit(self):
         """Offload the optimizer and buffers to the CPU."""
@@ -121,7 +122,8 @@ class MegatronPolicyWorkerImpl:
         queue = self.async_calls_queue
         if queue is None:
             return
-        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=not torch.cuda.is_available())
+        # one CPU rank has no collective to make; several ranks agree through gloo, as on NCCL
+        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=not torch.cuda.is_available() and core.world() == 1)
         if terminate:
             queue.close()
 
