@@ -6,6 +6,8 @@
 #   call 3: carry [.vllm-bundle/vllm-site.part2, .vllm-bundle/vllm-site.SHA256SUMS]
 #           command: bash bench/e2e/device.sh run --runs shim@0.7.0:2,noshim@0.7.0:3 --budget-s 540
 #   call 4..: (still warm) bash bench/e2e/device.sh run --runs shim@0.7.0:10,sync_save@0.7.0:10 --kv-free-gib F
+#   ranks (issue 25), on nvidia-h200-x2 after the three calls: bash bench/e2e/device.sh run --runs
+#           noshim@0.7.0:3:ranks=2,shim@0.7.0:10:ranks=2,sync_save@0.7.0:4:ranks=2 --budget-s 560 (never run yet)
 # vLLM 0.25.1: VLLM_VERSION=0.25.1 ../shared/tools/vllm-device-bundle.sh .vllm-bundle-0251, then the same calls with
 # VLLM_BUNDLE=.vllm-bundle-0251 before bash and that folder's parts carried.
 # .whl holds mcore/megatron_core-0.19.2-*.whl, nvrx060/ and nvrx070/ (NVRx 0.6.0 / 0.7.0 wheels), installed
