@@ -131,8 +131,9 @@ def driver(args) -> int:
         s = rec.engine.call("report", "last_sleep")
         run["level1_backup_gib"] = round(s["pinned"] / GIB, 3)  # the setup finish sleeps at level 1
         run["setup_sleep_level"] = s["level"]
-        if args.ranks > 1:  # with TP the backups are the workers'
+        if args.ranks > 1:  # with TP the backups are the workers' (the engine process holds none)
             run["level1_backup_per_rank_gib"] = [round(b / GIB, 3) for b in rec.engine.call("report", "worker_pinned")]
+            run["level1_backup_gib"] = max(run["level1_backup_per_rank_gib"])
         run["vllm"] = _vllm_version(rec.engine)
         run["params"] = params
         rec.write()

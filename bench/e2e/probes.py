@@ -90,7 +90,7 @@ class EngineProbe:
     def _requested(self, tags) -> int:
         cfg = self.worker.cfg
         kv = int(cfg.get("kv_cache_memory_bytes") or 0)
-        weights = int(cfg.get("weights_bytes") or 0)
+        weights = int(cfg.get("weights_bytes") or 0) // int(cfg.get("ranks", 1))  # per GPU: a TP worker's part
         if tags is None:
             return kv + weights
         return (kv if "kv_cache" in tags else 0) + (weights if "weights" in tags else 0)

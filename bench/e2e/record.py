@@ -204,6 +204,7 @@ class Recorder:
                 pinned = self.engine.call("report", "worker_pinned")
             for row, b in zip(ranks.rows(self.step, self.n), pinned):
                 row[key + "pinned_after_finish_gib"] = round(b / GIB, 3)
+            self.step[key + "pinned_after_finish_gib"] = round(max(pinned) / GIB, 3)  # the step's: the worst worker's
 
     def save_scheduled(self, step, saved):
         self.step.update(save_schedule_s=saved["schedule_s"], save_finalize_prev_s=saved["finalize_prev_s"],
