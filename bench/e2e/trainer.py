@@ -7,9 +7,10 @@ Adam, sharded over the data-parallel ranks (dist.py); the optimizer moves with m
 CPU (the CI smoke): gloo; megatron's optimizers allocate on "cuda" unconditionally and DDP's grad
 sync asks for CUDA streams, so there the model is in megatron DDP without the distributed optimizer,
 a torch Adam steps the params from DDP's main_grad (averaged over the ranks with gloo), and the
-NVRx queue is its CPU shared-memory worker. Everything else (model, checkpoint content, NVRx path, refit packing) is the same code.
-The refit's trainer end is refit.py (beside the engine end it must match); what the harness
-measures in this actor, probes.py; the checkpoint fingerprints, bench/ckpt_compare.py.
+NVRx queue is its CPU shared-memory worker. Everything else (model, checkpoint content, NVRx path,
+refit packing) is the same code. The refit's trainer end is refit.py (beside the engine end it must
+match); what the harness measures in this actor, probes.py; the checkpoint fingerprints,
+bench/ckpt_compare.py.
 """
 
 from __future__ import annotations
