@@ -6,7 +6,7 @@ same (`envs`), so the trainer reads them as a NeMo-RL worker would.
 Every process group gets a finite timeout (E2E_DIST_TIMEOUT_S; 90 s on CPU, 300 s on GPU): a
 collective that one rank enters and another never does (a fence that finalized on one rank only)
 must fail the run loudly within the harness's limit, not hang it until the orchestrator kills it.
-One rank keeps the single-process setup the harness always had.
+One rank takes the same path, in a process group of its own.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ def init(gpu: bool) -> None:
     tensors on torch.cuda.current_device(): it answers "cpu", only the device changes)."""
     import torch.distributed as dist
 
+    if world() == 1:  # a lone trainer process: no launcher gave it a rank environment
+        for key, value in envs(1)[0].items():
+            os.environ.setdefault(key, value)
     timeout = timedelta(seconds=timeout_s(gpu))
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -140,9 +140,10 @@ class Recorder:
             ps = self.trainer_probe()
             with self.instrument():
                 states = self.trainer.call("report", "state_bytes")
-            self.step.setdefault("held_all_gib", []).append(round(max(p["reserved"] for p in ps) / GIB, 3))
+            held = round(max(p["reserved"] for p in ps) / GIB, 3)
+            self.step.setdefault("held_all_gib", []).append(held)
             if self.step["held_gib"] is None:  # the step's first offload: the one a save may be in flight at
-                self.step["held_gib"] = round(max(p["reserved"] for p in ps) / GIB, 3)
+                self.step["held_gib"] = held
                 self.step["offloaded_gib"] = round(max(states) / GIB, 3)
                 self.step["free_after_offload_gib"] = round(min(p["free"] for p in ps) / GIB, 3)
                 self.step["trainer_pinned_gib"] = round(max(p["pinned"] for p in ps) / GIB, 3)

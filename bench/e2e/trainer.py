@@ -37,27 +37,8 @@ def free_bytes() -> int:
     return torch.cuda.mem_get_info()[0] if cuda() else 8 << 30
 
 
-def _init_dist():
-    import torch.distributed as dist
-
-    from colo_shim.cli.saver import init_single_rank
-
-    if world() > 1:
-        return init_world(cuda())
-    if cuda():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=0, world_size=1)
-        dist.all_reduce(torch.ones(1, device="cuda"))  # NCCL's buffers belong to the baseline
-        torch.cuda.synchronize()
-    else:
-        init_single_rank()
-        torch.cuda.current_device = lambda: torch.device("cpu")  # megatron places buffers there
-
-
 def build(config: dict) -> SimpleNamespace:
-    _init_dist()
+    init_world(cuda())
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
