@@ -29,12 +29,13 @@ them from there. This module hands none of them on: one name, one home.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 from colo_shim.checkpoint import release, state
-from colo_shim.core import config
+from colo_shim.core import config, guard
 
 log = logging.getLogger("colo_shim.nvrx")
 DEFAULT_TIMEOUT = 0.0  # 0: wait as long as the write takes (upstream's blocking finalize does)
@@ -183,16 +184,15 @@ def fence(reason: str = "", *, wait: Wait | None = None) -> FenceReport:
 
 
 def _release(queue, wait: Wait, reason: str) -> str | None:
-    try:
-        how = release.release(queue, wait)
-    except (state.FenceTimeout, state.CheckpointWorkerDied):
-        raise
-    except Exception as exc:  # our own release logic must never break the job
-        log.warning("colo_shim: release of %s before %s failed, memory may stay held: %s: %s",
-                    state.describe(queue), reason, type(exc).__name__, exc)
+    how = guard.step("nvrx: release of a checkpoint writer", release.release, queue, wait, default=_FAILED,
+                     passthrough=(state.FenceTimeout, state.CheckpointWorkerDied))
+    if how is _FAILED:  # memory may stay held; the next fence tries again
         return None
     state.forget_release(queue)  # released, or the strategy says leave it (none)
     return how
+
+
+_FAILED = object()
 
 
 def _timed(report: FenceReport, start: float) -> FenceReport:
@@ -208,22 +208,24 @@ def rewarm(reason: str = "") -> int:
 
 
 def guarded(reason: str) -> None:
-    """fence() for wrappers: write errors, dead workers and timeouts surface, shim bugs only log."""
-    try:
-        fence(reason)
-    except (state.FenceTimeout, state.CheckpointWorkerDied):
-        raise
-    except Exception as exc:
-        if _is_checkpoint_error(exc):
-            raise
-        log.warning("colo_shim: fence before %s failed: %s: %s", reason, type(exc).__name__, exc)
+    """fence() for wrappers that run it before upstream's call: the job's errors surface (a write
+    that failed in a finalize the fence ran, a dead worker, the opt-in timeout); shim bugs only log."""
+    guard.step(f"megatron: fence before {reason}", fence, reason, passthrough=job_error)
 
 
-def _is_checkpoint_error(exc: BaseException) -> bool:
-    """Errors from finalize functions (checkpoint writes) belong to the caller."""
+def job_error(exc: BaseException) -> bool:
+    """Whether an error is the job's own rather than colo-shim's: it comes from an upstream finalize
+    (a checkpoint write that failed), or says the writer died or the opt-in deadline passed."""
+    if isinstance(exc, (state.FenceTimeout, state.CheckpointWorkerDied)):
+        return True
     tb = exc.__traceback__
     while tb is not None:
-        if "execute_finalize_fns" in tb.tb_frame.f_code.co_name or tb.tb_frame.f_code.co_name == "_finalize":
+        code = tb.tb_frame.f_code
+        if code.co_name in _UPSTREAM_FINALIZE and not code.co_filename.startswith(_OURS):
             return True
         tb = tb.tb_next
     return False
+
+
+_UPSTREAM_FINALIZE = ("maybe_finalize_async_calls", "execute_finalize_fns")
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,12 +19,10 @@ for the write nor end the writer (checkpoint/nemo_rl_main.py says exactly when).
 
 from __future__ import annotations
 
-import logging
-
+from colo_shim.core import guard
 from colo_shim.core.registry import Patch, Target
 from colo_shim.checkpoint import fence, nemo_rl_main, state
 
-log = logging.getLogger("colo_shim.megatron")
 
 MCORE = "megatron-core"
 BUF = "megatron.core.distributed.param_and_grad_buffer"
@@ -127,10 +125,7 @@ def _fence_before(reason: str, device_arg: int | None = None):
 def _rewarm_after(reason: str):
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
-        try:
-            fence.rewarm(reason)
-        except Exception as exc:
-            log.warning("colo_shim: re-warm after %s failed: %s: %s", reason, type(exc).__name__, exc)
+        guard.step(f"megatron: re-warm after {reason}", fence.rewarm, reason)
         return result
 
     return wrapper
@@ -141,10 +136,7 @@ def _tracking(register: str, what: str):
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
-        try:
-            getattr(state, register)(instance)
-        except Exception as exc:
-            log.warning("colo_shim: cannot track %s: %s", what, exc)
+        guard.step(f"megatron: track {what}", getattr(state, register), instance)
         return result
 
     return wrapper

@@ -25,7 +25,11 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
   the worker stays warm for the next save (its CUDA references are the fence's business). An
   instance without that attribute is called unchanged.
 - Not releasing (restart, none, another NVRx): main's method runs unchanged, both kinds of call.
-- A failure of the shim's own logic logs a warning and runs main's method unchanged.
+- A failure of colo-shim's own part (deciding, the fence, the release, the bookkeeping) logs one
+  warning and runs main's method unchanged, in its place and order: main's finalize, close and
+  cleanup all still run, and nothing of colo-shim's raises into the offload (core/guard.py). The
+  errors main's own method raises (a failed write, a dead writer) are main's and propagate as they
+  would without colo-shim. Only COLO_SHIM_STRICT=1 lets colo-shim's own error through.
 - What a harness must also have: the `megatron` family on (COLO_SHIM=1 or a list naming it) and
   the class in that module when the module finishes importing (the patch is a post-import hook);
   saves through NVRx queues (megatron-core `--async-strategy nvrx` / Megatron-Bridge nvrx).
@@ -48,6 +52,7 @@ import logging
 import sys
 
 from colo_shim.checkpoint import fence, release, state
+from colo_shim.core import guard
 
 log = logging.getLogger("colo_shim.megatron")
 
@@ -58,8 +63,8 @@ _stats = {"offload_skipped": 0, "release_kept": 0, "unchanged": 0}
 
 
 def _in_offload(instance) -> bool:
-    frame = sys._getframe(2)
-    for _ in range(_DEPTH):
+    frame = sys._getframe(1)
+    for _ in range(_DEPTH + 4):  # + the frames between the wrapper and here (guard, _kind)
         if frame is None:
             return False
         if frame.f_code.co_name in OFFLOADS and frame.f_locals.get("self") is instance:
@@ -69,29 +74,59 @@ def _in_offload(instance) -> bool:
 
 
 def finalize_async_save(wrapped, instance, args, kwargs):
-    try:
-        releasing = release.skips_upstream_finalize()
-        offload = releasing and _in_offload(instance)
-    except Exception as exc:  # the shim's own logic never decides against main's code
-        log.warning("colo_shim: NeMo-RL finalize_async_save left unchanged: %s: %s", type(exc).__name__, exc)
-        releasing = offload = False
-    if not releasing or (not offload and not hasattr(instance, _FLAG)):
-        _stats["unchanged"] += 1
+    def upstream():
         return wrapped(*args, **kwargs)
-    if offload:
-        fence.guarded("nemo_rl main finalize_async_save (offload)")
-        _stats["offload_skipped"] += 1
-        log.info("colo_shim: offload leaves %d checkpoint write(s) writing",
-                 sum(state.pending(q) for q in state.live_queues()))
-        return None
+
+    kind = guard.step("megatron: NeMo-RL finalize_async_save decision", _kind, instance, default="unchanged")
+    if kind == "offload":
+        return guard.instead("megatron: NeMo-RL offload fence", _fence_instead, upstream)
+    if kind == "waiting":
+        return _keep_warm(instance, upstream)
+    _stats["unchanged"] += 1
+    return upstream()
+
+
+def _kind(instance) -> str:
+    if not release.skips_upstream_finalize():
+        return "unchanged"
+    if _in_offload(instance):
+        return "offload"
+    return "waiting" if hasattr(instance, _FLAG) else "unchanged"
+
+
+def _fence_instead() -> None:
+    """In place of main's blocking finalize + close + cleanup: the fence alone (the write goes on)."""
+    fence.fence("nemo_rl main finalize_async_save (offload)")
+    log.info("colo_shim: offload leaves %d checkpoint write(s) writing",
+             sum(state.pending(q) for q in state.live_queues()))
+    _stats["offload_skipped"] += 1
+
+
+def _keep_warm(instance, upstream):
+    """Main's waiting call as it is, with terminate off for its duration: the worker stays warm."""
+    active = guard.step("megatron: NeMo-RL keep the writer warm", _flag_off, instance, default=_UNSET)
+    if active is _UNSET:
+        _stats["unchanged"] += 1
+        return upstream()
+    _stats["release_kept"] += 1
+    try:
+        return upstream()
+    finally:
+        guard.step("megatron: NeMo-RL restore the release flag", _flag_back, instance, active)
+
+
+_UNSET = object()
+
+
+def _flag_off(instance):
     active = getattr(instance, _FLAG)
     setattr(instance, _FLAG, False)  # main then finalizes with terminate=False and keeps its caches
-    try:
-        _stats["release_kept"] += 1
-        return wrapped(*args, **kwargs)
-    finally:
-        if getattr(instance, _FLAG) is False:
-            setattr(instance, _FLAG, active)
+    return active
+
+
+def _flag_back(instance, active) -> None:
+    if getattr(instance, _FLAG) is False:
+        setattr(instance, _FLAG, active)
 
 
 def report() -> dict:

@@ -30,6 +30,7 @@ import logging
 import queue as _queue
 import sys
 
+from colo_shim.core import guard
 from colo_shim.core.registry import Patch, Target
 from colo_shim.checkpoint import door, release, shm_drain, state, worker
 
@@ -73,10 +74,7 @@ def _checks_pointers(module):
 
 def _track(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    try:
-        state.track_queue(instance)
-    except Exception as exc:
-        log.warning("colo_shim: cannot track %s: %s", type(instance).__name__, exc)
+    guard.step("nvrx: track a checkpoint queue", state.track_queue, instance)
     return result
 
 
@@ -108,28 +106,6 @@ def _scan(obj, acc: dict | None = None, depth: int = 0) -> dict:
     return acc
 
 
-def _strip_cuda(obj, depth: int = 0) -> int:
-    """Replace CUDA tensors in the request's (and so the writer's) lists by None; how many."""
-    torch = sys.modules.get("torch")
-    if torch is None or depth > _MAX_DEPTH:
-        return 0
-    if isinstance(obj, functools.partial):
-        return _strip_cuda(obj.args, depth + 1) + _strip_cuda(obj.keywords, depth + 1)
-    if isinstance(obj, dict):
-        return sum(_strip_cuda(v, depth + 1) for v in obj.values())
-    if not isinstance(obj, (list, tuple)):
-        return 0
-    dropped = 0
-    for i, item in enumerate(obj):
-        if isinstance(item, torch.Tensor):
-            if item.device.type == "cuda" and isinstance(obj, list):
-                obj[i] = None
-                dropped += 1
-        else:
-            dropped += _strip_cuda(item, depth + 1)
-    return dropped
-
-
 def _schedule(wrapped, instance, args, kwargs):
     preload = None
     try:
@@ -157,7 +133,7 @@ def _schedule(wrapped, instance, args, kwargs):
         state.copying(-1)
     if preload is not None and preload.fn is not None:
         try:  # schedule returned after the worker's copy to host: these references serve nothing now
-            _strip_cuda(preload.fn)
+            worker.strip(preload.fn, cuda_only=True, tuples=False)
             preload.forget()
         except Exception as exc:
             log.warning("colo_shim: cannot drop the trainer's references of a scheduled save: %s: %s",
@@ -193,15 +169,44 @@ def _settle_marker(caller, blocking: bool) -> bool:
     return True
 
 
+def _settle(caller, blocking: bool) -> bool:
+    """Our bookkeeping before NVRx reads a completion; False: not done yet (non-blocking only)."""
+    if (state._owed.get(caller) or state._handed_back.get(caller)) and not _settle_marker(caller, blocking):
+        if not blocking:
+            return False
+    if blocking and caller.cur_item is None and getattr(caller, "process", None) is not None \
+            and getattr(caller, "comp_q", None) is not None:
+        _await_completion(caller)
+    return True
+
+
+def _await_completion(caller) -> None:
+    """The blocking wait, ended by the completion or by the worker's exit, never by a clock.
+
+    NVRx's own blocking wait polls comp_q for as long as it takes, also after the worker died; and
+    once our drop markers are involved a dead worker would make the wait return as if done, so
+    that the job (NeMo-RL main renames tmp_step_N right after) took an unwritten checkpoint for a
+    finished one (issue 32 item 5). Both end here in CheckpointWorkerDied; the save stays
+    unfinalized, and close() drops it (`_forget_dead_worker`)."""
+    while caller.cur_item is None:
+        alive = caller.process.is_alive()  # read before the queue: a report sent just before exit is seen
+        try:
+            caller.cur_item = caller.comp_q.get(timeout=0.1)
+        except _queue.Empty:
+            if not alive:
+                raise state.CheckpointWorkerDied(
+                    f"colo_shim: rank {state.rank()}: checkpoint worker pid {caller.process.pid} exited (code "
+                    f"{caller.process.exitcode}) before reporting a pending save: that checkpoint was not written "
+                    "completely") from None
+
+
 def _completion(wrapped, instance, args, kwargs):
     blocking = kwargs.get("blocking", args[0] if args else False)
     no_dist = kwargs.get("no_dist", args[1] if len(args) > 1 else False)
-    try:
-        if state._owed.get(instance) or state._handed_back.get(instance):
-            if not _settle_marker(instance, bool(blocking)):
-                return False if no_dist else instance.sync_all_async_calls(1)  # still writing
-    except Exception as exc:
-        log.warning("colo_shim: drop-marker bookkeeping skipped: %s: %s", type(exc).__name__, exc)
+    done = guard.step("nvrx: drop-marker bookkeeping", _settle, instance, bool(blocking), default=True,
+                      passthrough=(state.CheckpointWorkerDied,))
+    if not done:
+        return False if no_dist else instance.sync_all_async_calls(1)  # still writing
     return wrapped(*args, **kwargs)
 
 
@@ -222,20 +227,18 @@ def _forget_dead_worker(instance) -> None:
 
 
 def _close(wrapped, instance, args, kwargs):
-    try:
-        _forget_dead_worker(instance)
-    except Exception as exc:
-        log.debug("colo_shim: dead-worker check at close failed: %s", exc)
+    guard.step("nvrx: dead-worker check at close", _forget_dead_worker, instance)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        try:
-            if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
-                release.clear_training_caches()
-                state.forget_release(instance)
-                shm_drain.after_close(instance)
-        except Exception as exc:
-            log.debug("colo_shim: cache clear after close failed: %s", exc)
+        if sys.meta_path is not None:  # skip at interpreter teardown (__del__ calls close)
+            guard.step("nvrx: cache clear after close", _after_close, instance)
+
+
+def _after_close(instance) -> None:
+    release.clear_training_caches()
+    state.forget_release(instance)
+    shm_drain.after_close(instance)
 
 
 def _cuda_ptrs(tensors) -> tuple:
@@ -274,19 +277,17 @@ def _snapshot_host_tensors(writer) -> None:
 
 
 def _prepare_write_data(wrapped, instance, args, kwargs):
-    try:
-        _drop_moved_key(instance, *args, **kwargs)
-    except Exception as exc:
-        log.warning("colo_shim: pointer check skipped: %s: %s", type(exc).__name__, exc)
+    guard.step("nvrx: moved-pointer check", _drop_moved_key, instance, *args, **kwargs)
     result = wrapped(*args, **kwargs)
-    try:
-        ident, sent = instance.consistent_data_identifier, getattr(instance, "cached_tensor_data", None)
-        if ident is not None and sent is not None:
-            state.sent_ptrs[ident.key] = _cuda_ptrs(sent[1])
-        _snapshot_host_tensors(instance)
-    except Exception as exc:
-        log.warning("colo_shim: pointer record / host snapshot skipped: %s: %s", type(exc).__name__, exc)
+    guard.step("nvrx: pointer record / host snapshot", _after_prepare, instance)
     return result
+
+
+def _after_prepare(writer) -> None:
+    ident, sent = writer.consistent_data_identifier, getattr(writer, "cached_tensor_data", None)
+    if ident is not None and sent is not None:
+        state.sent_ptrs[ident.key] = _cuda_ptrs(sent[1])
+    _snapshot_host_tensors(writer)
 
 
 def _report() -> dict:

@@ -108,6 +108,11 @@ def release(queue, wait) -> str | None:
         return None
     caller = getattr(queue, "persistent_caller", None)
     proc = getattr(caller, "process", None)
+    # Before anything reaches the worker, and so on every path out of here: the next cached save
+    # re-sends its data. A worker that dropped its cache while the trainer kept its keys (a fence
+    # that raised after the knock) would die on a cache miss and hang the next save (issue 32 item 1);
+    # re-sending to a worker that kept its cache only overwrites the entry.
+    clear_training_caches(keep_shm=True)
     if proc is None or not proc.is_alive():
         await_writes(queue, wait)  # raises when the dead worker took a pending save with it
         clear_training_caches(keep_shm=False)
@@ -122,7 +127,6 @@ def release(queue, wait) -> str | None:
             freed, how_done = _drop(queue, caller, wait)
             problem = _mismatch(queue, caller, freed)
             if problem is None:
-                clear_training_caches(keep_shm=True)
                 return how_done
             _fell_back("mismatch", "colo_shim: the checkpoint writer's in-place drop %s; restarting the writer "
                        "instead (COLO_SHIM_NVRX_RELEASE=restart avoids the attempt)", problem)
@@ -154,6 +158,8 @@ def _mismatch(queue, caller, freed: list) -> str | None:
     sent = len(state._cached_keys.get(queue, ()))
     if sent and freed[worker.ENTRIES] < 1:
         return f"freed no cached entry although {sent} cache key(s) were sent with data"
+    if len(freed) > worker.REQ_CUDA and freed[worker.REQ_CUDA] > 0:
+        return f"left {freed[worker.REQ_CUDA]} CUDA tensor(s) referenced by the worker's requests"
     return None
 
 

@@ -11,13 +11,19 @@ is bookkeeping (the worker's `_worker_data_cache` and the in-flight request's ow
 - `Preload` wraps a save's `preload_fn`: after the device-to-host copy it drops the request's
   references (the write never reads them again), and the first time it runs in a worker it opens a
   side door, a thread on an abstract unix socket, that the trainer can knock on while the worker's
-  main thread is writing.
+  main thread is writing. On NVRx < 0.6 (no worker data cache) it also empties the request's own
+  lists of tensors: the write reads the list preload returned, while the request's arguments share
+  the original list with the preload partial, and NVRx 0.4.1's loop keeps its last request until
+  the next one arrives (issue 32 item 2: without this the release freed nothing there).
 - A knock ("<secret> drop") clears the worker's data cache once no copy is running, collects, and
-  answers with what it freed, as one JSON line. The trainer then runs `torch.cuda.ipc_collect()`.
+  answers with what it freed and what the worker's live requests still reference, as one JSON
+  line (the worker's own view: the trainer falls back to a restart when a request still holds a
+  CUDA tensor). The trainer then runs `torch.cuda.ipc_collect()`.
 - `drop_cached_tensors` is the same release sent the old way, down the worker's own queue (the
   fallback when the side door is not open); its `report` tensor is shared with the trainer.
 """
 
+import functools
 import gc
 import json
 import socket
@@ -26,9 +32,10 @@ import threading
 import weakref
 
 MARKER = -7_000_001  # call_idx of a queued drop request; never a real checkpoint index
-# report slots: the function ran, the worker cache attribute exists, entries, tensors, CUDA tensors, bytes
-RAN, FOUND, ENTRIES, TENSORS, CUDA, BYTES = range(6)
-SLOTS = 6
+# report slots: the function ran, the worker cache attribute exists, entries, tensors, CUDA tensors, bytes;
+# then what requests alive in the worker still reference: tensors, CUDA tensors
+RAN, FOUND, ENTRIES, TENSORS, CUDA, BYTES, REQ_TENSORS, REQ_CUDA = range(8)
+SLOTS = 8
 _CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 _copying = threading.Lock()  # held while a save's device-to-host copy runs in this worker
 _door = None  # (address, listening socket) of this worker's side door, once opened
@@ -49,7 +56,56 @@ def _tensors(obj, out, depth=0):
     elif depth < 8 and isinstance(obj, dict):
         for item in obj.values():
             _tensors(item, out, depth + 1)
+    elif depth < 8 and isinstance(obj, functools.partial):
+        _tensors([obj.args, obj.keywords], out, depth + 1)
     return out
+
+
+def strip(obj, cuda_only: bool = True, tuples: bool = True, depth: int = 0) -> int:
+    """Replace tensors (CUDA only, or all) inside the mutable lists of obj by None; how many.
+
+    With tuples, a (key, tensor) tuple inside a list is replaced by the same tuple without the
+    tensor, which is how NVRx < 0.6 write buckets hold their tensors."""
+    torch = sys.modules.get("torch")
+    if torch is None or depth > 10:
+        return 0
+    if isinstance(obj, functools.partial):
+        return strip(obj.args, cuda_only, tuples, depth + 1) + strip(obj.keywords, cuda_only, tuples, depth + 1)
+    if isinstance(obj, dict):
+        return sum(strip(v, cuda_only, tuples, depth + 1) for v in obj.values())
+    if not isinstance(obj, (list, tuple)):
+        return 0
+
+    def gone(t):
+        return isinstance(t, torch.Tensor) and (not cuda_only or t.device.type == "cuda")
+
+    dropped = 0
+    for i, item in enumerate(obj):
+        if gone(item) and isinstance(obj, list):
+            obj[i] = None
+            dropped += 1
+        elif tuples and isinstance(item, tuple) and isinstance(obj, list) and any(gone(x) for x in item):
+            obj[i] = tuple(None if gone(x) else x for x in item)
+            dropped += 1
+        elif not isinstance(item, torch.Tensor):
+            dropped += strip(item, cuda_only, tuples, depth + 1)
+    return dropped
+
+
+def _requests_hold() -> list:
+    """Tensors that requests alive in this worker still reference (NVRx's loop variable included).
+
+    Measured on NVRx < 0.6 only, where requests are what holds the save's tensors; it walks every
+    object of the worker (tens of milliseconds), which 0.6+'s fast release must not pay, and there
+    the preload partial, the only holder, is dropped by Preload itself. -1: not measured."""
+    request = getattr(sys.modules.get(_CORE), "AsyncRequest", None)
+    if request is None or _has_data_cache():
+        return [-1, -1]
+    held = []
+    for obj in gc.get_objects():
+        if type(obj) is request:
+            _tensors([obj.async_fn_args, getattr(obj.preload_fn, "fn", obj.preload_fn)], held)
+    return [len(held), sum(1 for t in held if t.device.type == "cuda")]
 
 
 def _forget_cache() -> list:
@@ -68,7 +124,7 @@ def _forget_cache() -> list:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    return counts
+    return counts + _requests_hold()
 
 
 def drop_cached_tensors(report=None, *_args, **_kwargs) -> None:
@@ -89,12 +145,19 @@ class Preload:
         _open_door(self.token, self.secret)
         with _copying:
             try:
-                return self.fn()
+                result = self.fn()
+                if not _has_data_cache():  # NVRx < 0.6: the request's lists are the originals (issue 32 item 2)
+                    strip(self.fn, cuda_only=False)
+                return result
             finally:
                 self.fn = None
 
     def forget(self) -> None:
         self.fn = None
+
+
+def _has_data_cache() -> bool:
+    return hasattr(getattr(sys.modules.get(_CORE), "PersistentAsyncCaller", None), "_worker_data_cache")
 
 
 def _open_door(token: str, secret: str) -> None:

@@ -20,7 +20,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable
 
-from colo_shim.core import config, ray_actors, versions, wrapping
+from colo_shim.core import config, guard, ray_actors, versions, wrapping
 from colo_shim.core.targets import (APPLIED, DISABLED, FAILED, MISSING, PENDING, SHADOWED, UNSUPPORTED, State, apply,
                                     calls, owners, reach)
 
@@ -201,6 +201,9 @@ def status() -> list[dict]:
                 details[name] = patch.report() if patch.report and name in _enabled else {}
             except Exception as exc:
                 details[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            contained = {what: n for what, n in guard.errors().items() if what.startswith(f"{name}:")}
+            if contained:  # colo-shim's own errors the job did not see (core/guard.py)
+                details[name] = dict(details[name], shim_errors=contained)
         broken = [{"name": name, "target": "*", "status": FAILED, "reason": reason, "installed_version": None,
                    "distribution": None, "supported": "", "calls": 0, "details": {}}
                   for name, reason in _broken.items()]

@@ -77,3 +77,21 @@ def test_main_code_runs_unchanged_without_a_releasing_strategy(release):
         assert row["pid_after"] is None, row
     _bookkeeping(result)
     assert result["stats"]["unchanged"] >= 3, result["stats"]
+
+
+@pytest.mark.parametrize("where", ("fence", "bookkeeping"))
+def test_a_colo_shim_fault_in_mains_offload_runs_mains_own_steps_and_never_escapes(where):
+    """Issue 32 item 3: colo-shim's part of main's offload raises (the fence, or the live-queue
+    bookkeeping read after it). Main's own blocking finalize, close and cache cleanup then run in
+    their place, as without colo-shim, the offload itself never sees the error, and status says so.
+    Before the fix the fence's error skipped main's steps, and the bookkeeping's escaped the offload."""
+    result = _run({"cuda": True, "inject": where})
+    for row in result["steps"]:  # main's own finalize waited, closed the writer, dropped the caches
+        assert row["offload_waited"] is True and row["pending_after_offload"] == 0, row
+        assert row["pid_after"] is None, row
+    _bookkeeping(result)
+    assert result["stats"]["offload_skipped"] == 0, result["stats"]
+    errors = dict(result["shim_errors"])
+    assert errors.pop("megatron: NeMo-RL offload fence") == 6, result["shim_errors"]  # 2 offloads x 3 steps
+    # the same broken fence before main's move_model / move_optimizer: contained there too
+    assert errors and all(what.startswith("megatron: fence before nemo_rl") for what in errors), errors

@@ -49,8 +49,9 @@ def test_drop_reports_what_the_worker_freed(nvrx, entries):
     # caches GPU tensors only, so its worker holds nothing (and the fence then expects nothing)
     out = last_json(_host("drop_report", {}, deps_dir("nvrx", nvrx)))
     assert out["door"] == out["queued"], out  # the side door and the queued drop free the same
-    ran, found, got_entries, tensors, cuda, nbytes = out["door"]
+    ran, found, got_entries, tensors, cuda, nbytes, req_tensors, req_cuda = out["door"]
     assert (ran, found, got_entries, cuda) == (1, 1, entries, 0), out
+    assert (req_tensors, req_cuda) == (-1, -1), out  # requests are walked on NVRx < 0.6 only
     assert (tensors >= 3 and nbytes >= 6144) if entries else (tensors, nbytes) == (0, 0)
 
 

@@ -36,6 +36,7 @@ def main_refit(opts):
     import gated_io
 
     cs.init_single_rank()
+    _inject(opts.get("inject"))
     root = tempfile.mkdtemp()
     model = torch.nn.Linear(8, 8)
     cfg = {"model": model, "optimizer": None, "generation": {"colocated": {"enabled": True}},
@@ -100,9 +101,24 @@ def main_refit(opts):
     out["cache_flag"] = worker._async_checkpoint_cuda_cache_active
     out["status"] = {s["target"].split(":")[1]: s["status"] for s in colo_shim.status()
                      if s["target"].endswith("finalize_async_save")}
-    out["stats"] = next(r["details"] for r in colo_shim.status() if r["name"] == "megatron").get("nemo_rl_main")
+    details = next(r["details"] for r in colo_shim.status() if r["name"] == "megatron")
+    out["stats"], out["shim_errors"] = details.get("nemo_rl_main"), details.get("shim_errors", {})
     q.close()
     return out
+
+
+def _inject(where):
+    """A fault in colo-shim's own part of main's offload (issue 32 item 3): the fence itself, or
+    the bookkeeping of live queues that the fence and the offload's log line both read."""
+    from colo_shim.checkpoint import fence, state
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"injected fault in colo-shim's {where}")
+
+    if where == "fence":
+        fence.fence = broken
+    elif where == "bookkeeping":
+        state.live_queues = broken
 
 
 def finalize_offloads(opts):
