@@ -131,14 +131,15 @@ def _schedule(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
     finally:
         state.copying(-1)
-    if preload is not None and preload.fn is not None:
-        try:  # schedule returned after the worker's copy to host: these references serve nothing now
-            worker.strip(preload.fn, cuda_only=True, tuples=False)
-            preload.forget()
-        except Exception as exc:
-            log.warning("colo_shim: cannot drop the trainer's references of a scheduled save: %s: %s",
-                        type(exc).__name__, exc)
+    if preload is not None and preload.fn is not None:  # schedule returned after the worker's copy to host
+        guard.step("nvrx: drop the trainer's references of a scheduled save", _forget, preload)
     return result
+
+
+def _forget(preload) -> None:
+    """The trainer's references to the tensors a scheduled save sent serve nothing any more."""
+    worker.strip(preload.fn, cuda_only=True, tuples=False)
+    preload.forget()
 
 
 def _serialized(wrapped, instance, args, kwargs):
@@ -171,9 +172,9 @@ def _settle_marker(caller, blocking: bool) -> bool:
 
 def _settle(caller, blocking: bool) -> bool:
     """Our bookkeeping before NVRx reads a completion; False: not done yet (non-blocking only)."""
-    if (state._owed.get(caller) or state._handed_back.get(caller)) and not _settle_marker(caller, blocking):
-        if not blocking:
-            return False
+    if (state._owed.get(caller) or state._handed_back.get(caller)) and not _settle_marker(caller, blocking) \
+            and not blocking:
+        return False
     if blocking and caller.cur_item is None and getattr(caller, "process", None) is not None \
             and getattr(caller, "comp_q", None) is not None:
         _await_completion(caller)

@@ -6,6 +6,7 @@ step raises after the worker was asked to drop its cache, as an answer past the 
 any error after the knock would. The last stdout line is the JSON result.
 """
 
+import contextlib
 import os
 import shutil
 import sys
@@ -14,6 +15,24 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from host_only import _gated, _live, _same, _setup  # noqa: E402
+
+
+@contextlib.contextmanager
+def _workdir():
+    root = tempfile.mkdtemp()
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _warm(cs, root, seed):
+    """A shm queue whose worker already holds one cached save, and the live tensors it saved."""
+    q = cs.make_queue(shm=True)
+    live = _live(seed)
+    cs.async_save(q, live, f"{root}/warm", cached=True, shm=True)
+    cs.finalize(q)
+    return q, live
 
 
 def _alive(q):
@@ -56,12 +75,8 @@ def half_fence(opts):
     import colo_shim
     from colo_shim.checkpoint import fence, state
 
-    root = tempfile.mkdtemp()
-    try:
-        q = cs.make_queue(shm=True)
-        live = _live(7)
-        cs.async_save(q, live, f"{root}/warm", cached=True, shm=True)
-        cs.finalize(q)
+    with _workdir() as root:
+        q, live = _warm(cs, root, 7)
         state.note_cuda_sent(q)  # CPU machine: play a writer that was sent CUDA tensors
         _break_after_knock(opts["where"])
         out = {"raised": None}
@@ -79,8 +94,6 @@ def half_fence(opts):
         out["shim_errors"] = {k: v for r in colo_shim.status() for k, v in r["details"].get("shim_errors", {}).items()}
         q.close()
         return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def requests_hold(opts):
@@ -91,8 +104,7 @@ def requests_hold(opts):
     cs = _setup(opts)
     from colo_shim.checkpoint import door, fence
 
-    root = tempfile.mkdtemp()
-    try:
+    with _workdir() as root:
         q = cs.make_queue()
         live = _live(8)
         out = {}
@@ -109,8 +121,6 @@ def requests_hold(opts):
         out["equal"] = _same(cs, f"{root}/s", live)
         q.close()
         return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def dead_before_report(opts):
@@ -122,12 +132,8 @@ def dead_before_report(opts):
 
     from colo_shim.checkpoint import release, state
 
-    root = tempfile.mkdtemp()
-    try:
-        q = cs.make_queue(shm=True)
-        live = _live(9)
-        cs.async_save(q, live, f"{root}/warm", cached=True, shm=True)
-        cs.finalize(q)
+    with _workdir() as root:
+        q, live = _warm(cs, root, 9)
         caller = q.persistent_caller
         _gated(cs, q, live, f"{root}/s", f"{root}/never")  # its write waits on a gate never opened
         if opts.get("marker_owed"):
@@ -150,8 +156,6 @@ def dead_before_report(opts):
         q.close()
         out["pending_after_close"] = q.get_num_unfinalized_calls()
         return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
