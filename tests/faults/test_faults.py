@@ -141,7 +141,13 @@ def test_door_that_never_answers_falls_back_to_the_queue(runs, version):
     _check_common(r, deaths=0, lost=0)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+AWAITS_FENCE_FIX = pytest.mark.xfail(strict=True, reason="issue 32 item 1, first half: the fence keeps the trainer's "
+                                     "cache keys when it raises after its knock; the next save then raises "
+                                     "CheckpointWorkerDied (Worker cache miss) instead of completing")
+
+
+@pytest.mark.parametrize("version", [v if v not in CACHED else pytest.param(v, marks=AWAITS_FENCE_FIX)
+                                     for v in VERSIONS])
 def test_late_answer_after_fence_timeout_next_save_completes(runs, version):
     """Item 1 of issue 32: the fence timed out after its knock, the worker dropped its cache later;
     the trainer must have forgotten its cache keys, so the next save re-sends and completes."""
