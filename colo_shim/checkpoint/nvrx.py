@@ -2,15 +2,14 @@
 
 What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoint-fence.md):
 - AsyncCallsQueue.__init__: 0.4.1 has no instance tracker, so the fence could not find its queues.
-- AsyncCallsQueue.schedule_async_request: records what each save sent: CUDA tensors (then the
-  fence must release that writer), only host data that NVRx or the shim snapshotted (then the fence
-  leaves it writing), the cache keys sent with data (what a drop must free) and its bytes (named
-  while the fence waits). It wraps the save's preload_fn (worker.Preload: the writer's side door,
-  door.py) and, once `save` returned (the copy to host is done), drops the trainer's own references
-  to the CUDA tensors it sent, so that a write in flight pins no replaced storage on either side.
-  Every schedule (re)installs the shm drain that NVRx's close() removes (checkpoint/shm_drain.py).
-- AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host
-  thread finalizing (NeMo-RL's background checkpoint finalizer) and the fence never race.
+- AsyncCallsQueue.schedule_async_request: records what each save sent: CUDA tensors (then the fence must release
+  that writer), only host data that NVRx or the shim snapshotted (then the fence leaves it writing), the cache keys
+  sent with data (what a drop must free) and its bytes (named while the fence waits). It wraps the save's preload_fn
+  (worker.Preload: the writer's side door, door.py) and, once `save` returned (the copy to host is done), drops the
+  trainer's own references to the CUDA tensors it sent, so that a write in flight pins no replaced storage on either
+  side. It (re)installs NVRx's shm drain (shm_drain.py); a dead worker never hangs it (watch.py).
+- AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host thread
+  finalizing (NeMo-RL's background finalizer) and the fence never race; a dead worker is replaced first.
 - PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
   timeout) is skipped, and a completion read while waiting for it is handed back, so no finalize
   ever takes our marker for a save, nor loses a save's completion.
@@ -32,7 +31,7 @@ import sys
 
 from colo_shim.core import guard
 from colo_shim.core.registry import Patch, Target
-from colo_shim.checkpoint import door, release, shm_drain, state, worker
+from colo_shim.checkpoint import door, release, shm_drain, state, watch, worker
 
 log = logging.getLogger("colo_shim.nvrx")
 
@@ -107,7 +106,7 @@ def _scan(obj, acc: dict | None = None, depth: int = 0) -> dict:
 
 
 def _schedule(wrapped, instance, args, kwargs):
-    preload = None
+    preload, reused = None, ()
     try:
         request = args[0] if args else kwargs.get("async_request")
         acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
@@ -117,7 +116,8 @@ def _schedule(wrapped, instance, args, kwargs):
                 state.note_cuda_sent(instance)
             for key in acc["keys"]:
                 state.key_bytes[key] = acc["bytes"]
-            nbytes = acc["bytes"] + sum(state.key_bytes.get(k, 0) for k in acc["reused"] - acc["keys"])
+            reused = acc["reused"] - acc["keys"]
+            nbytes = acc["bytes"] + sum(state.key_bytes.get(k, 0) for k in reused)
             state.note_save(instance, nbytes, acc["keys"], cpu_only=not acc["cuda"] and state.host_snapshotted())
             wrapped_request = door.wrap(request)
             if wrapped_request is not request:
@@ -128,7 +128,8 @@ def _schedule(wrapped, instance, args, kwargs):
         log.warning("colo_shim: cannot inspect async request: %s: %s", type(exc).__name__, exc)
     state.copying(+1)
     try:
-        result = wrapped(*args, **kwargs)
+        with watch.scheduling(instance, reused):  # a dead worker: replaced, or this save raises
+            result = wrapped(*args, **kwargs)
     finally:
         state.copying(-1)
     if preload is not None and preload.fn is not None:  # schedule returned after the worker's copy to host
@@ -144,6 +145,7 @@ def _forget(preload) -> None:
 
 def _serialized(wrapped, instance, args, kwargs):
     with state.lock:
+        watch.replace_dead(instance)
         return wrapped(*args, **kwargs)
 
 
@@ -293,7 +295,7 @@ def _after_prepare(writer) -> None:
 
 def _report() -> dict:
     return dict(state.totals(), release=release.strategy(), release_fallbacks_by_cause=dict(release.fallbacks),
-                sent_keys=len(state.sent_ptrs), **shm_drain.report())
+                sent_keys=len(state.sent_ptrs), **shm_drain.report(), **watch.totals)
 
 
 PATCH = declaration()
