@@ -146,7 +146,10 @@ def _forget(preload) -> None:
 def _serialized(wrapped, instance, args, kwargs):
     with state.lock:
         watch.replace_dead(instance)
-        return wrapped(*args, **kwargs)
+        done = wrapped(*args, **kwargs)
+        if kwargs.get("blocking", args[0] if args else False):
+            watch.raise_lost(instance)
+        return done
 
 
 def _settle_marker(caller, blocking: bool) -> bool:
@@ -179,28 +182,8 @@ def _settle(caller, blocking: bool) -> bool:
         return False
     if blocking and caller.cur_item is None and getattr(caller, "process", None) is not None \
             and getattr(caller, "comp_q", None) is not None:
-        _await_completion(caller)
+        watch.await_completion(caller)
     return True
-
-
-def _await_completion(caller) -> None:
-    """The blocking wait, ended by the completion or by the worker's exit, never by a clock.
-
-    NVRx's own blocking wait polls comp_q for as long as it takes, also after the worker died; and
-    once our drop markers are involved a dead worker would make the wait return as if done, so
-    that the job (NeMo-RL main renames tmp_step_N right after) took an unwritten checkpoint for a
-    finished one (issue 32 item 5). Both end here in CheckpointWorkerDied; the save stays
-    unfinalized, and close() drops it (`_forget_dead_worker`)."""
-    while caller.cur_item is None:
-        alive = caller.process.is_alive()  # read before the queue: a report sent just before exit is seen
-        try:
-            caller.cur_item = caller.comp_q.get(timeout=0.1)
-        except _queue.Empty:
-            if not alive:
-                raise state.CheckpointWorkerDied(
-                    f"colo_shim: rank {state.rank()}: checkpoint worker pid {caller.process.pid} exited (code "
-                    f"{caller.process.exitcode}) before reporting a pending save: that checkpoint was not written "
-                    "completely") from None
 
 
 def _completion(wrapped, instance, args, kwargs):
@@ -213,24 +196,8 @@ def _completion(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _forget_dead_worker(instance) -> None:
-    """close() on a dead worker blocks forever (DONE + queue.join(), or a blocking finalize)."""
-    caller = getattr(instance, "persistent_caller", instance)
-    proc = getattr(caller, "process", None)
-    if proc is None or not hasattr(proc, "is_alive") or proc.is_alive():
-        return
-    calls = getattr(instance, "async_calls", None)
-    if calls:
-        log.error("colo_shim: checkpoint worker pid %s is dead; dropping %d unfinished save(s) at close",
-                  proc.pid, len(calls))
-        calls.clear()
-    if hasattr(caller, "queue"):
-        proc.join(timeout=1)
-        caller.process = None
-
-
 def _close(wrapped, instance, args, kwargs):
-    guard.step("nvrx: dead-worker check at close", _forget_dead_worker, instance)
+    guard.step("nvrx: dead-worker check at close", watch.forget_at_close, instance)
     try:
         return wrapped(*args, **kwargs)
     finally:

@@ -4,8 +4,9 @@ NVRx 0.4.1-0.7.0 never checks its worker's liveness where the trainer waits on i
 `preload_q.join()` until the copy to host is done, a blocking finalize on the completion queue, close()
 on the worker's queue), so a worker that died (killed, out of memory, a "Worker cache miss") hangs the
 job. Before a save or a finalize, a worker that exited is replaced: the saves it reported stay for the
-job's finalize, the rest are dropped, never finalized (a lost save must not look finished); NVRx's own
-`_get_async_caller` builds a fresh caller (new queues: the old ones may hold an unread request and task
+job's finalize, the rest are dropped, never finalized (a lost save must not look finished), and the
+next blocking finalize, the job's word that its saves are complete, raises CheckpointWorkerDied naming
+them (NeMo-RL main renames tmp_step_N right after it returns); NVRx's own `_get_async_caller` builds a fresh caller (new queues: the old ones may hold an unread request and task
 counts that would hang close); trainer-side caches are cleared so that the next save re-sends. While a
 save is scheduled, a thread waits on the worker's exit; then `task_done()` from the trainer's side ends
 `join()` and the save raises CheckpointWorkerDied. A save planned to reuse data the dead worker cached
@@ -28,6 +29,7 @@ log = logging.getLogger("colo_shim.nvrx")
 _POLL = 0.05
 totals = {"worker_deaths": 0, "saves_lost": 0, "last_worker_death": None}  # the nvrx row of status()
 _fresh: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> why its worker was replaced
+_lost: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # queue -> (lost call indices, why)
 
 
 def _completions(caller) -> set:
@@ -75,8 +77,19 @@ def _replace(queue, caller, proc, when: str) -> str:
     totals["last_worker_death"] = _fresh[queue] = message = (
         f"colo_shim: rank {state.rank()}: NVRx checkpoint worker pid {proc.pid} exited with code {code} {when}; "
         f"{lost_text}; a fresh worker starts at the next save")
+    if lost:
+        _lost[queue] = (_lost.get(queue, ((), ""))[0] + tuple(lost), message)
     log.log(logging.ERROR if lost else logging.WARNING, "%s", message)
     return message
+
+
+def raise_lost(queue) -> None:
+    """A blocking finalize is the job's word that every save it scheduled is complete (NeMo-RL main
+    renames tmp_step_N right after it): saves lost since the last one make it raise, once."""
+    lost, why = _lost.pop(queue, ((), ""))
+    if lost:
+        raise state.CheckpointWorkerDied(f"{why}. This finalize cannot report save(s) {list(lost)} complete: they "
+                                         f"were not written completely and their directories must not be used")
 
 
 def replace_dead(queue, when: str = "before a finalize", dead: tuple = ()):
@@ -145,5 +158,42 @@ def scheduling(queue, reused=()):
         dead = watcher.stop()
         message = dead and replace_dead(queue, f"while save {queue.call_idx} was copied to host", dead)
     if message:
+        _lost.pop(queue, None)  # told to the job here, not again at its next blocking finalize
         raise state.CheckpointWorkerDied(message)
     _fresh.pop(queue, None)  # the fresh worker has this save's data now
+
+
+def await_completion(caller) -> None:
+    """The blocking wait, ended by the completion or by the worker's exit, never by a clock.
+
+    NVRx's own blocking wait polls comp_q for as long as it takes, also after the worker died; and
+    once our drop markers are involved a dead worker would make the wait return as if done, so
+    that the job (NeMo-RL main renames tmp_step_N right after) took an unwritten checkpoint for a
+    finished one (issue 32 item 5). Both end here in CheckpointWorkerDied; the save stays
+    unfinalized, and close() drops it (`forget_at_close`)."""
+    while caller.cur_item is None:
+        alive = caller.process.is_alive()  # read before the queue: a report sent just before exit is seen
+        try:
+            caller.cur_item = caller.comp_q.get(timeout=0.1)
+        except _queue.Empty:
+            if not alive:
+                raise state.CheckpointWorkerDied(
+                    f"colo_shim: rank {state.rank()}: checkpoint worker pid {caller.process.pid} exited (code "
+                    f"{caller.process.exitcode}) before reporting a pending save: that checkpoint was not written "
+                    "completely") from None
+
+
+def forget_at_close(instance) -> None:
+    """close() on a dead worker blocks forever (DONE + queue.join(), or a blocking finalize)."""
+    caller = getattr(instance, "persistent_caller", instance)
+    proc = getattr(caller, "process", None)
+    if proc is None or not hasattr(proc, "is_alive") or proc.is_alive():
+        return
+    calls = getattr(instance, "async_calls", None)
+    if calls:
+        log.error("colo_shim: checkpoint worker pid %s is dead; dropping %d unfinished save(s) at close",
+                  proc.pid, len(calls))
+        calls.clear()
+    if hasattr(caller, "queue"):
+        proc.join(timeout=1)
+        caller.process = None

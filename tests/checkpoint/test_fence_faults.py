@@ -54,10 +54,10 @@ def test_pre_0_6_worker_requests_hold_no_tensor_once_copied(nvrx, gated):
 def test_a_writer_killed_mid_write_is_a_clear_error_never_a_finished_save(nvrx, marker_owed):
     """Item 5: the worker is killed while its write is held; the job's blocking finalize raises
     CheckpointWorkerDied naming the lost save instead of waiting forever (NVRx) or, with a drop
-    marker of ours still owed, returning as if the save were done. Nothing is finalized, no
-    metadata is written, and close() drops the lost save without hanging."""
+    marker of ours still owed, returning as if the save were done (NeMo-RL main would then rename
+    the unwritten tmp_step_N). Nothing is finalized, no metadata is written, close() never hangs."""
     out = _run("dead_before_report", {"marker_owed": marker_owed}, nvrx)
     assert out["owed"] == (1 if marker_owed else 0), out
     assert out["raised"] == "CheckpointWorkerDied" and "not written completely" in out["message"], out
-    assert out["pending"] == 1 and out["metadata_written"] is False, out
+    assert out["pending"] == 0 and out["metadata_written"] is False, out  # dropped, never finalized
     assert out["pending_after_close"] == 0, out

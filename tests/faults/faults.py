@@ -76,7 +76,8 @@ class Job:
             left = [c.idx for c in self.q.async_calls]  # NVRx returns the requests' own call_idx (0) here
             self.saw.append({"finalize": pending, "count": count, "left": left})
         except Exception as exc:
-            self.saw.append({"finalize_raised": type(exc).__name__, "message": str(exc)})
+            self.saw.append({"finalize_raised": type(exc).__name__, "message": str(exc),
+                             "left": [c.idx for c in self.q.async_calls]})
 
     def fence(self, timeout_knob):
         """An offload's fence with `timeout_knob` set to 1 s, on a queue played as one whose worker was
