@@ -13,6 +13,9 @@ torch's answers differ.
 `FakeCuda(build=True)`, for building and stepping megatron's optimizer, makes `Tensor.type()` name
 CUDA types (its distributed optimizer refuses parameters whose type is not `torch.cuda.*Tensor`) and
 leaves is_available() alone (torch's Adam would then ask the accelerator for a stream).
+
+`PageLocks` stands in for the CUDA runtime's page-locking (colo_shim/core/cudahost.py's seam):
+it records what colo-shim registers and refuses what CUDA would refuse.
 """
 
 import weakref
@@ -109,3 +112,27 @@ class FakeCuda(TorchFunctionMode):
         if kind == "cpu":
             return src.clone() if on_device(src) or kwargs.get("copy") else src
         return func(src, *rest, **kwargs)
+
+
+class PageLocks:
+    """cudaHostRegister / cudaHostUnregister / synchronize as colo-shim calls them; fail=True refuses."""
+
+    def __init__(self, fail=False):
+        self.fail, self.locked, self.registrations, self.unregistrations, self.syncs = fail, {}, 0, 0, 0
+
+    def ready(self):
+        return True
+
+    def register(self, ptr, nbytes):
+        if self.fail:
+            raise RuntimeError("cudaErrorMemoryAllocation (recorder)")
+        assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
+        self.locked[ptr] = nbytes
+        self.registrations += 1
+
+    def unregister(self, ptr):
+        del self.locked[ptr]
+        self.unregistrations += 1
+
+    def synchronize(self):
+        self.syncs += 1

@@ -13,11 +13,13 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = os.environ.get("COLO_SHIM_TEST_PYTHON", sys.executable)
+KEPT = ("COLO_SHIM_TEST_DEPS", "COLO_SHIM_LEDGER_DIR")
 
 
 def clean_env(**overrides) -> dict:
-    """The parent's environment without colo-shim switches, plus overrides (None deletes)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM") or k == "COLO_SHIM_TEST_DEPS"}
+    """The parent's environment without colo-shim switches, plus overrides (None deletes). The ledger's
+    directory is a place, not a switch: tests keep every child's ledger in one of their own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLO_SHIM") or k in KEPT}
     env.pop("PYTHONPATH", None)
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in overrides.items():

@@ -16,7 +16,7 @@ import sys
 import threading
 import weakref
 
-from colo_shim.core import config
+from colo_shim.core import config, ledger
 
 TIMEOUT_ENV = config.FENCE_TIMEOUT
 _NVRX_CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
@@ -99,8 +99,13 @@ def note_cuda_sent(queue) -> None:
 
 
 def note_save(queue, nbytes: int, keys=(), cpu_only: bool = False) -> None:
-    """One scheduled save: its bytes (for the wait warning) and the cache keys it sent data under."""
+    """One scheduled save: its bytes (for the wait warning) and the cache keys it sent data under.
+
+    Its host copies stay allocated after the write (torch's pinned allocator in the writer keeps its
+    blocks; NVRx 0.7 caches its shared-memory snapshots), so the node's ledger counts the largest save
+    against the offload mirrors' budget (offload/budget.py)."""
     _inflight.setdefault(queue, collections.deque(maxlen=64)).append(int(nbytes))
+    ledger.note("writer", max(ledger.mine("writer"), int(nbytes)))
     if keys:
         _cached_keys.setdefault(queue, set()).update(keys)
     if cpu_only and queue not in _cuda_sent:

@@ -160,7 +160,7 @@ def _fence_advice() -> list[dict]:
 
 
 def _offload_advice() -> list[dict]:
-    """Whether the optimizer's host mirrors are on, and the host memory they may keep per rank."""
+    """Whether the optimizer's host mirrors are on, and the host memory they may keep on this node."""
     try:
         from colo_shim.offload import budget, megatron
 

@@ -26,9 +26,10 @@ FENCE_WARN_EVERY = "COLO_SHIM_FENCE_WARN_EVERY"
 NVRX_RELEASE = "COLO_SHIM_NVRX_RELEASE"
 NVRX_ACK_TIMEOUT = "COLO_SHIM_NVRX_ACK_TIMEOUT"
 DISCARD = "COLO_SHIM_DISCARD"
-# the offload family (colo_shim/offload): its mirrors on or off, and the host memory they may hold per rank
+# the offload family: its mirrors on or off, the host memory they may hold per node, the node's ledger of it
 OFFLOAD = "COLO_SHIM_OFFLOAD"
 OFFLOAD_HOST_GIB = "COLO_SHIM_OFFLOAD_HOST_GIB"
+LEDGER_DIR = "COLO_SHIM_LEDGER_DIR"
 # knobs of COLO_SHIM_NVRX_RELEASE=stage, retired in issue 22: a job config that still sets them was
 # valid, so they cost one line (never an error, strict or not) rather than silence
 RETIRED_STAGE_KNOBS = ("COLO_SHIM_STAGE_PIN", "COLO_SHIM_STAGE_LEDGER_WAIT", "COLO_SHIM_STAGE_SHM_BYTES",
@@ -70,8 +71,11 @@ KNOBS = {k.name: k for k in (
     Knob(OFFLOAD, "choice", "on", "family offload: optimizer offload/reload through page-locked mirrors "
          "(on: the H200 host peak rose 0.89 GiB, the step fell to 0.37x; off keeps the original copies)",
          choices=("on", "off")),
-    Knob(OFFLOAD_HOST_GIB, "number", None, "host memory the offload mirrors may hold per rank; over it, the "
-         "original copy runs", unset="half of MemAvailable / the node's ranks", unit="GiB", example="64"),
+    Knob(OFFLOAD_HOST_GIB, "number", None, "host memory the offload mirrors (and the NVRx writers' host copies) of "
+         "all processes on a node may hold together; over it, the original copy runs", unset="half of MemAvailable, "
+         "fixed by the node's first process", unit="GiB", example="64"),
+    Knob(LEDGER_DIR, "newdir", "", "node-local directory of the ledger in which a node's processes share that budget",
+         unset="/dev/shm"),
     *(Knob(name, "retired", "", "retired with COLO_SHIM_NVRX_RELEASE=stage: no effect")
       for name in RETIRED_STAGE_KNOBS),
 )}

@@ -1,8 +1,9 @@
 """What this node offers every fix: how many ranks share it, and how much host memory is free.
 
-Budgets per rank (the stage strategy's /dev/shm, the offload family's host mirrors) divide a
-node-wide resource by the ranks on the node. Launchers name that count in different variables,
-and NeMo-RL's Ray workers in none of the usual ones, so each launcher is read the way it sets it.
+The offload family's host budget is node-wide and kept in the node's ledger (ledger.py); where no
+ledger can be made, each process divides the node's budget by the ranks on the node. Launchers name
+that count in different variables, and NeMo-RL's Ray workers in none of the usual ones, so each
+launcher is read the way it sets it; without one, the node's GPUs bound it (a rank per GPU).
 """
 
 from __future__ import annotations
@@ -72,3 +73,23 @@ def local_ranks(env=None) -> dict:
     if env.get("RANK") and env.get("WORLD_SIZE"):
         return {"count": None, "source": "RANK/WORLD_SIZE only: ranks per node unknown"}
     return {"count": None, "source": "no launcher variable names the ranks per node"}
+
+
+def devices(env=None) -> dict:
+    """{"count", "source"}: the node's GPUs, which /proc/driver/nvidia/gpus lists whatever
+    CUDA_VISIBLE_DEVICES hides (a Ray worker is shown one); else the devices this process is shown."""
+    env = os.environ if env is None else env
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        count = 0
+    if count:
+        return {"count": count, "source": "GPUs on this node (/proc/driver/nvidia/gpus)"}
+    shown = []
+    for item in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
+        if not item.strip() or item.strip().startswith("-"):  # CUDA stops at the first invalid entry
+            break
+        shown.append(item)
+    if shown:
+        return {"count": len(shown), "source": "CUDA_VISIBLE_DEVICES"}
+    return {"count": None, "source": "no GPU count on this node"}

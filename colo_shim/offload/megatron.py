@@ -27,7 +27,7 @@ lists `offload` before `megatron`, the registry wraps in that order, so the fenc
 outer one; where a process installed them the other way round, a wrapper here sees a live colo-shim
 wrapper still to run inside it and takes the original path instead (one warning).
 
-Host memory: mirrors stay while training, bounded per rank (budget.py). COLO_SHIM_OFFLOAD=off (or
+Host memory: mirrors stay while training, bounded per node (budget.py). COLO_SHIM_OFFLOAD=off (or
 COLO_SHIM_DISABLE=offload) turns mirrors off; the knob's default in core/config.py says whether they are on.
 """
 

@@ -14,8 +14,8 @@ Never stale bytes, in either direction:
 - every copy is of the whole tensor, and slots change only after the synchronize: a failure part
   way leaves the optimizer as it was, and the caller's original path runs.
 
-Over the host budget (budget.py), or where page-locking fails (then for good), a call takes the
-original path, with one warning. Mirrors nothing reaches any more are dropped at the next call.
+Over the node's host budget (budget.py), or where page-locking fails (then for good), a call takes
+the original path, with one warning per process. Mirrors nothing reaches any more are dropped at the next call.
 Without CUDA initialized (CPU-only torch) mirrors stay pageable; report() says so.
 """
 
@@ -49,8 +49,8 @@ _mirrors: dict[int, Mirror] = {}  # id(host storage) -> mirror; the mirror keeps
 _by_device: dict[int, Mirror] = {}  # id(device storage a restore made from a mirror) -> that mirror
 _state: dict = {"broken": None, "atexit": False}
 _warned: set = set()
-stats = dict(offloads=0, restores=0, fallbacks=0, reused=0, fresh=0, replaced=0, dropped=0, bytes_moved=0,
-             offload_s=0.0, restore_s=0.0, last_fallback="")
+stats = dict(offloads=0, restores=0, fallbacks=0, over_budget=0, reused=0, fresh=0, replaced=0, dropped=0,
+             bytes_moved=0, offload_s=0.0, restore_s=0.0, last_fallback="")
 
 
 def _get(slot):
@@ -119,6 +119,8 @@ def _guarded(where: str, slots, body) -> bool:
             return _break(where, exc)
         except Exception as exc:  # a shim bug, or a full device the original path meets the same way
             return fallback(where, "error", f"{type(exc).__name__}: {exc}")
+        finally:  # the node's ledger learns what this process holds now (mirrors dropped, a copy failed)
+            budget.settle(held(), held("buffer"))
 
 
 def _offload(slots, where: str, locking: bool) -> bool:
@@ -128,10 +130,9 @@ def _offload(slots, where: str, locking: bool) -> bool:
         m = _reuse(t, claimed)
         need += 0 if m is not None else pages.size(t)
         plan.append([slot, t, m])
-    cap, source = budget.limit(held())
-    if held() + need > cap:
-        return fallback(where, "budget", f"mirrors would hold {(held() + need) / GIB:.3g} GiB, over the budget "
-                                          f"of {cap / GIB:.3g} GiB ({source})")
+    ok, why = budget.claim(held() + need)
+    if not ok:
+        return fallback(where, "budget", why)
     for step in plan:
         step[2] = step[2] or _new(step[1], locking, "optimizer")
     for _, t, m in plan:
@@ -236,6 +237,7 @@ def _break(where: str, exc) -> bool:
 
 def fallback(where: str, kind: str, why: str) -> bool:
     stats["fallbacks"] += 1
+    stats["over_budget"] += kind == "budget"
     stats["last_fallback"] = f"{where}: {why}"
     if kind not in _warned:
         _warned.add(kind)
@@ -259,8 +261,6 @@ def mode() -> str:
 def report() -> dict:
     with _lock:
         locked = sum(m.nbytes for m in _mirrors.values() if m.locked)
-        cap = budget.measured()
-        return dict(stats, **pages.stats, mode=mode(), mirrors=len(_mirrors), mirror_gib=round(held() / GIB, 4),
-                    buffer_mirror_gib=round(held("buffer") / GIB, 4), page_locked_gib=round(locked / GIB, 4),
-                    budget_gib=None if cap is None else round(cap[0] / GIB, 3),
-                    budget_source=None if cap is None else cap[1])
+        return dict(stats, **pages.stats, **budget.report(), mode=mode(), mirrors=len(_mirrors),
+                    mirror_gib=round(held() / GIB, 4), buffer_mirror_gib=round(held("buffer") / GIB, 4),
+                    page_locked_gib=round(locked / GIB, 4))

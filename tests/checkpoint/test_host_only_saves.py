@@ -21,6 +21,12 @@ def test_fence_leaves_host_only_save_writing_and_it_equals_schedule_time(nvrx):
     assert result["finalized_by_job"] == 1  # the job's own finalize completes it
     assert result["equal_to_schedule_time"] is True  # NVRx 0.6.0: only because the shim copied them (#376)
     _fence_time_is_accounted(result)
+    _writer_copies_are_counted(result)
+
+
+def _writer_copies_are_counted(result):
+    """The offload family's node budget counts the writer's host copies: the save's 1536 float32 (issue 32)."""
+    assert result["writer_noted"] == 1536 * 4, result
 
 
 def _fence_time_is_accounted(result):
@@ -44,3 +50,4 @@ def test_nvrx_041_host_tensors_are_live_so_the_fence_still_waits():
     assert result["pending_after_fence"] == 1 and result["finalized_by_job"] == 1
     assert result["equal_to_schedule_time"] is True
     _fence_time_is_accounted(result)
+    _writer_copies_are_counted(result)

@@ -73,7 +73,8 @@ def test_offload_knobs_are_read_through_config():
         print(json.dumps([megatron.on(), budget.limit()]))
     """, env={"COLO_SHIM_OFFLOAD": "Maybe", "COLO_SHIM_OFFLOAD_HOST_GIB": "-3", "LOCAL_WORLD_SIZE": "4"})
     on, (cap, source) = last_json(child)
-    assert on is (megatron_default() == "on") and cap > 0 and "/ 4 ranks (torchrun: LOCAL_WORLD_SIZE)" in source
+    # node-wide: the node's ranks share one budget in the node's ledger, whatever LOCAL_WORLD_SIZE says
+    assert on is (megatron_default() == "on") and cap > 0 and source.startswith("0.5 x (MemAvailable "), source
     assert "COLO_SHIM_OFFLOAD='Maybe' is not valid; valid values: on, off" in child.stderr
     assert "COLO_SHIM_OFFLOAD_HOST_GIB='-3' is not valid; valid values: a non-negative number of GiB" in child.stderr
     child = run_python("""
@@ -81,7 +82,7 @@ def test_offload_knobs_are_read_through_config():
         from colo_shim.offload import budget, megatron
         print(json.dumps([megatron.on(), budget.limit()]))
     """, env={"COLO_SHIM_OFFLOAD": "off", "COLO_SHIM_OFFLOAD_HOST_GIB": "1.5"})
-    assert last_json(child) == [False, [3 << 29, "COLO_SHIM_OFFLOAD_HOST_GIB=1.5"]]
+    assert last_json(child) == [False, [3 << 29, "COLO_SHIM_OFFLOAD_HOST_GIB=1.5 (per node)"]]
 
 
 def megatron_default() -> str:

@@ -74,6 +74,9 @@ def left_writing(opts):
         out["fence_max_s"] = after["fence_max_s"]
         caller = q.persistent_caller  # a write the fence waited for: its completion, handed back to NVRx
         out["written_at_fence_return"] = (caller.cur_item is not None) + len(state._handed_back.get(caller, ()))
+        from colo_shim.core import ledger
+
+        out["writer_noted"] = ledger.mine("writer")  # the offload budget counts the writer's host copies
     out["pending_after_fence"] = q.get_num_unfinalized_calls()
     for v in live.values():  # the next training step, while the write is still waiting on the gate
         v.mul_(-3.0).add_(1.0)

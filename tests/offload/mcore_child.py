@@ -25,33 +25,9 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from harness.fake_cuda import FakeCuda, adopt, device_bytes, on_device  # noqa: E402
+from harness.fake_cuda import FakeCuda, PageLocks, adopt, device_bytes, on_device  # noqa: E402
 
 ENTRIES = ("chained", "optimizer", "nemo_rl", "buffer")
-
-
-class Recorder:
-    """The CUDA runtime's page-locking as colo-shim calls it; refuses what CUDA would refuse."""
-
-    def __init__(self, fail=False):
-        self.fail, self.locked, self.registrations, self.unregistrations, self.syncs = fail, {}, 0, 0, 0
-
-    def ready(self):
-        return True
-
-    def register(self, ptr, nbytes):
-        if self.fail:
-            raise RuntimeError("cudaErrorMemoryAllocation (recorder)")
-        assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
-        self.locked[ptr] = nbytes
-        self.registrations += 1
-
-    def unregister(self, ptr):
-        del self.locked[ptr]
-        self.unregistrations += 1
-
-    def synchronize(self):
-        self.syncs += 1
 
 
 def init():
@@ -192,7 +168,7 @@ def main():
     init()
     plain_st, plain = phase("plain")
     plain_values = final_values(plain_st)
-    seam = Recorder()
+    seam = PageLocks()
     shim_st, shim = phase("shim", ["offload", "megatron"], seam)
     import colo_shim
     from colo_shim.offload import mirrors
@@ -206,7 +182,7 @@ def main():
     if opts.get("checks", True):
         import offload_checks
 
-        out["checks"] = offload_checks.run(shim_st, seam, Recorder)
+        out["checks"] = offload_checks.run(shim_st, seam, PageLocks)
     print(json.dumps(out, default=str))
 
 
