@@ -4,8 +4,9 @@ megatron-core and NeMo-RL move only tensors whose `is_cuda` is true, and this ma
 so without a stand-in every offload would be a no-op with or without colo-shim. Inside
 `FakeCuda()` a tensor is "on the device" when its storage was made by the stand-in: `.cuda()`,
 `.to("cuda")` and factories with `device="cuda"` copy into fresh CPU storage marked as the
-device's; `.cpu()` / `.to("cpu")` copy a marked tensor into unmarked storage; `is_cuda` and
-`device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
+device's, and so do `zeros_like(t)` and the other `*_like` factories of a device tensor (Adam makes
+its moments that way in its first step); `.cpu()` / `.to("cpu")` copy a marked tensor into
+unmarked storage; `is_cuda` and `device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
 says True (so NeMo-RL's doubles move to "cuda"). Values are real CPU bytes, so every copy is checked
 bit for bit. The real code of megatron-core, NeMo-RL's doubles and colo-shim runs unchanged; only
 torch's answers differ.
@@ -24,6 +25,7 @@ _device: dict = {}  # id(storage) -> weakref(storage): storages "on the device"
 _pinned: dict = {}
 IS_CUDA = torch.Tensor.is_cuda.__get__
 DEVICE = torch.Tensor.device.__get__
+LIKE = {torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like, torch.randn_like}
 
 
 def _mark(table, t):
@@ -92,6 +94,8 @@ class FakeCuda(TorchFunctionMode):
             return _has(_pinned, args[0])
         if func is torch.Tensor.to:
             return self._to(func, args, kwargs)
+        if func in LIKE and "device" not in kwargs and args and on_device(args[0]):  # zeros_like(p): p's device
+            return _mark(_device, func(*args, **kwargs))
         if _kind(kwargs.get("device")) == "cuda":  # factories: torch.tensor(..., device="cuda"), empty_like, ...
             kwargs["device"] = "cpu"
             return _mark(_device, func(*args, **kwargs))

@@ -14,6 +14,7 @@ offload_checks.py probes changed tensors and fallbacks on the shim's model. Prin
 import json
 import os
 import sys
+import threading
 
 os.environ.setdefault("COLO_SHIM_OFFLOAD", "on")  # the default; explicit so a changed default cannot skip these checks
 import time
@@ -31,27 +32,43 @@ ENTRIES = ("chained", "optimizer", "nemo_rl", "buffer")
 
 
 class Recorder:
-    """The CUDA runtime's page-locking as colo-shim calls it; refuses what CUDA would refuse."""
+    """The CUDA runtime's page-locking as colo-shim calls it, from any thread; refuses what CUDA would
+    refuse. `fail`: every registration fails; `fail_background`: those of other threads than the main
+    one; `gate`: an Event other threads' registrations wait for (a registration still in progress)."""
 
     def __init__(self, fail=False):
         self.fail, self.locked, self.registrations, self.unregistrations, self.syncs = fail, {}, 0, 0, 0
+        self.fail_background, self.gate, self.blocked, self.calls = False, None, 0, []
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
 
     def ready(self):
         return True
 
-    def register(self, ptr, nbytes):
-        if self.fail:
+    def register(self, ptr, nbytes, device=None):
+        main = threading.current_thread() is threading.main_thread()
+        with self.lock:
+            self.calls.append({"main": main, "device": device})
+        if self.fail or (self.fail_background and not main):
             raise RuntimeError("cudaErrorMemoryAllocation (recorder)")
-        assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
-        self.locked[ptr] = nbytes
-        self.registrations += 1
+        if self.gate is not None and not main:
+            with self.cv:
+                self.blocked += 1
+                self.cv.notify_all()
+            self.gate.wait(120)  # safety net: the test releases it
+        with self.lock:
+            assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
+            self.locked[ptr] = nbytes
+            self.registrations += 1
 
     def unregister(self, ptr):
-        del self.locked[ptr]
-        self.unregistrations += 1
+        with self.lock:
+            del self.locked[ptr]
+            self.unregistrations += 1
 
     def synchronize(self):
-        self.syncs += 1
+        with self.lock:
+            self.syncs += 1
 
 
 def init():
@@ -64,7 +81,9 @@ def init():
     parallel_state.initialize_model_parallel(1, 1)
 
 
-def build(seed=0):
+def build(seed=0, steps=2):
+    """The model after `steps` train steps, everything on the (stand-in) device; steps=0: no optimizer
+    state yet, as a colocated job's first refit finds it."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -89,8 +108,8 @@ def build(seed=0):
 
     worker = MegatronPolicyWorkerImpl({"model": ddp, "optimizer": opt}, None, worker_sharding_annotations=None)
     st = SimpleNamespace(ddp=ddp, opt=opt, worker=worker, buffers=list(ddp.buffers), seed=seed)
-    step(st, 1)
-    step(st, 2)
+    for n in range(1, steps + 1):
+        step(st, n)
     with FakeCuda():  # on a GPU all of it lives on the device from the start
         opt.restore_from_cpu()
         for buf in st.buffers:
