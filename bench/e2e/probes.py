@@ -192,6 +192,17 @@ class TrainerProbe:
                                  if torch.is_tensor(v) and v.dim() > 0)
         return total
 
+    def optimizer_bytes(self) -> int:
+        """Bytes of the optimizer's own tensors (fp32 main params, Adam moments), wherever they are now:
+        what its offload moves. The CPU smoke's Adam never moves: 0 there."""
+        st = self.worker.state
+        if not st.gpu:
+            return 0
+        tensors = [t for o in getattr(st.opt, "chained_optimizers", [st.opt]) for group in o.optimizer.param_groups
+                   for p in group["params"] for t in [p] + [v for v in o.optimizer.state.get(p, {}).values()
+                                                          if torch.is_tensor(v) and v.dim() > 0]]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def hf_config(self) -> dict:
         return self.worker.state.hf_config
 
