@@ -169,6 +169,7 @@ def driver(args) -> int:
         run["engine_shim"] = rec.engine.call("report", "shim_report")
         shim_ranks = rec.trainer.call("report", "shim_status")
         run["trainer_shim"] = shim_ranks[0]  # rank 0's, as with one rank; every rank's beside it
+        run["trainer_offload"] = rec.trainer.call("report", "offload_report")[0]  # mirrors, made ahead
         if args.ranks > 1:
             run["trainer_shim_per_rank"] = shim_ranks
         run["driver_shim"] = probes.shim_status(details=True)  # the driver's vllm-family decisions

@@ -206,6 +206,14 @@ class TrainerProbe:
     def hf_config(self) -> dict:
         return self.worker.state.hf_config
 
+    def offload_report(self):
+        """colo-shim's offload family in the trainer: mirrors, fallbacks, the mirrors made ahead (issue 34)."""
+        if "colo_shim" not in sys.modules:
+            return None
+        import colo_shim
+
+        return next((r.get("details") for r in colo_shim.status() if r["name"] == "offload" and r.get("details")), None)
+
     def shim_status(self):
         """colo-shim's status() in the trainer (fence totals, main-async decisions), compact."""
         status = shim_status()

@@ -28,6 +28,7 @@ def test_nosave_mode_and_a_no_save_phase_give_a_same_call_ratio(tmp_path):
     assert phased["steps"][3]["retention_s"] >= 0  # step 4's save dropped step 3's checkpoint, finalized
     assert all(s["ckpt_equal"] is None for s in phased["steps"])  # nothing read back
     assert set(phased["steps"][3]["host_rss_parts_gib"]) == {"trainer", "writer", "engine", "driver"}
+    assert "made_ahead" in phased["trainer_offload"] and nosave["trainer_offload"] is None  # colo-shim's report
     from bench.e2e import report
 
     rows, runs = report.table([nosave, phased])
