@@ -4,8 +4,9 @@ megatron-core and NeMo-RL move only tensors whose `is_cuda` is true, and this ma
 so without a stand-in every offload would be a no-op with or without colo-shim. Inside
 `FakeCuda()` a tensor is "on the device" when its storage was made by the stand-in: `.cuda()`,
 `.to("cuda")` and factories with `device="cuda"` copy into fresh CPU storage marked as the
-device's; `.cpu()` / `.to("cpu")` copy a marked tensor into unmarked storage; `is_cuda` and
-`device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
+device's, and so do `zeros_like(t)` and the other `*_like` factories of a device tensor (Adam makes
+its moments that way in its first step); `.cpu()` / `.to("cpu")` copy a marked tensor into
+unmarked storage; `is_cuda` and `device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
 says True (so NeMo-RL's doubles move to "cuda"). Values are real CPU bytes, so every copy is checked
 bit for bit. The real code of megatron-core, NeMo-RL's doubles and colo-shim runs unchanged; only
 torch's answers differ.
@@ -18,6 +19,7 @@ leaves is_available() alone (torch's Adam would then ask the accelerator for a s
 it records what colo-shim registers and refuses what CUDA would refuse.
 """
 
+import threading
 import weakref
 
 import torch
@@ -27,6 +29,7 @@ _device: dict = {}  # id(storage) -> weakref(storage): storages "on the device"
 _pinned: dict = {}
 IS_CUDA = torch.Tensor.is_cuda.__get__
 DEVICE = torch.Tensor.device.__get__
+LIKE = {torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like, torch.randn_like}
 
 
 def _mark(table, t):
@@ -95,6 +98,8 @@ class FakeCuda(TorchFunctionMode):
             return _has(_pinned, args[0])
         if func is torch.Tensor.to:
             return self._to(func, args, kwargs)
+        if func in LIKE and "device" not in kwargs and args and on_device(args[0]):  # zeros_like(p): p's device
+            return _mark(_device, func(*args, **kwargs))
         if _kind(kwargs.get("device")) == "cuda":  # factories: torch.tensor(..., device="cuda"), empty_like, ...
             kwargs["device"] = "cpu"
             return _mark(_device, func(*args, **kwargs))
@@ -115,24 +120,41 @@ class FakeCuda(TorchFunctionMode):
 
 
 class PageLocks:
-    """cudaHostRegister / cudaHostUnregister / synchronize as colo-shim calls them; fail=True refuses."""
+    """cudaHostRegister / cudaHostUnregister / synchronize as colo-shim calls them, from any thread;
+    refuses what CUDA would refuse. `fail`: every registration fails; `fail_background`: those of
+    threads other than the main one; `gate`: an Event other threads' registrations wait for (a
+    registration still in progress, for the mirrors made ahead)."""
 
     def __init__(self, fail=False):
         self.fail, self.locked, self.registrations, self.unregistrations, self.syncs = fail, {}, 0, 0, 0
+        self.fail_background, self.gate, self.blocked, self.calls = False, None, 0, []
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
 
     def ready(self):
         return True
 
-    def register(self, ptr, nbytes):
-        if self.fail:
+    def register(self, ptr, nbytes, device=None):
+        main = threading.current_thread() is threading.main_thread()
+        with self.lock:
+            self.calls.append({"main": main, "device": device})
+        if self.fail or (self.fail_background and not main):
             raise RuntimeError("cudaErrorMemoryAllocation (recorder)")
-        assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
-        self.locked[ptr] = nbytes
-        self.registrations += 1
+        if self.gate is not None and not main:
+            with self.cv:
+                self.blocked += 1
+                self.cv.notify_all()
+            self.gate.wait(120)  # safety net: the test releases it
+        with self.lock:
+            assert ptr % 4096 == 0 and nbytes % 4096 == 0 and ptr not in self.locked, (ptr, nbytes)
+            self.locked[ptr] = nbytes
+            self.registrations += 1
 
     def unregister(self, ptr):
-        del self.locked[ptr]
-        self.unregistrations += 1
+        with self.lock:
+            del self.locked[ptr]
+            self.unregistrations += 1
 
     def synchronize(self):
-        self.syncs += 1
+        with self.lock:
+            self.syncs += 1

@@ -8,6 +8,9 @@
 #   call 4..: (still warm) bash bench/e2e/device.sh run --runs shim@0.7.0:10,sync_save@0.7.0:10 --kv-free-gib F
 #   ranks (issue 25), on nvidia-h200-x2 after the three calls: bash bench/e2e/device.sh run --runs
 #           noshim@0.7.0:3:ranks=2,shim@0.7.0:10:ranks=2,sync_save@0.7.0:4:ranks=2 --budget-s 560 (never run yet)
+#   sweep (issue 34), while warm: bash bench/e2e/device.sh sweep --call N [sweep.py's plan options]: call N of
+#           `python bench/e2e/sweep.py plan` (runs, estimated seconds, host memory), --val-period 0,
+#           --kv-free-gib 133.76 (measured at size full; other sizes: less their extra engine weights)
 # vLLM 0.25.1: VLLM_VERSION=0.25.1 ../shared/tools/vllm-device-bundle.sh .vllm-bundle-0251, then the same calls with
 # VLLM_BUNDLE=.vllm-bundle-0251 before bash and that folder's parts carried.
 # .whl holds mcore/megatron_core-0.19.2-*.whl, nvrx060/ and nvrx070/ (NVRx 0.6.0 / 0.7.0 wheels), installed
@@ -18,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 B=${VLLM_BUNDLE:-.vllm-bundle}  # VLLM_BUNDLE=.vllm-bundle-0251 for the vLLM 0.25.1 build
-what=${1:?part N | run ARGS...}; shift
+what=${1:?part N | run ARGS... | sweep --call N ...}; shift
 if [ "$what" = part ]; then
     bash bench/real_vllm/device.sh part "$1" || exit 1
     for lib in mcore nvrx060 nvrx070; do
@@ -28,6 +31,10 @@ if [ "$what" = part ]; then
     done
     ls /tmp/e2esite 2>/dev/null
     exit 0
+fi
+if [ "$what" = sweep ]; then
+    RUNS=$(python3 bench/e2e/sweep.py specs "$@") || exit 1
+    set -- --runs "$RUNS" --val-period 0 --kv-free-gib 133.76 --kv-free-size full
 fi
 if [ ! -d /tmp/site/vllm ]; then
     cp "$B/vllm-site.part2" /tmp/ || exit 1

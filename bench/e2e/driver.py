@@ -11,14 +11,17 @@ import time
 import traceback
 
 from bench.e2e.checkpoints import Checkpointer
-from bench.e2e.record import GIB, Instrumented, Monitor, Recorder, Timer
+from bench.e2e.hostmem import Monitor
+from bench.e2e.record import GIB, Instrumented, Recorder, Timer
 
 # stage, stage_nopin and main3322_stage measured the stage release, retired in issue 22: their
 # names still run, as the default release that COLO_SHIM_NVRX_RELEASE=stage now is (recorded as
 # RETIRED_RELEASE), so old results keep their meaning and a re-run shows what the alias does
-MODES = {  # name -> (shim, release, worker layout, async save, extra env)
+MODES = {  # name -> (shim, release, worker layout, async save (None: checkpointing off), extra env)
     "noshim": (False, None, "v0_7", True, {}),
     "shim": (True, None, "v0_7", True, {}),
+    "nosave": (False, None, "v0_7", None, {}),  # the same loop without checkpoints (issue 34's baseline)
+    "nosave_shim": (True, None, "v0_7", None, {}),
     "stage": (True, "stage", "v0_7", True, {}),
     "stage_nopin": (True, "stage", "v0_7", True, {"COLO_SHIM_STAGE_PIN": "0"}),
     "sync_save": (False, None, "v0_7", False, {}),
@@ -27,6 +30,8 @@ MODES = {  # name -> (shim, release, worker layout, async save, extra env)
     "main3322_shim": (True, None, "main", True, {}),
 }
 RETIRED_RELEASE = "stage (retired: runs as inplace)"
+_FULL_ROLLOUT = dict(vocab=32000, max_seq=256, prompts=8, generations=4, prompt_len=32, new_tokens=64, micro_batch=8,
+                     max_num_seqs=64)
 SIZES = {  # model, rollout and engine shapes
     "full": dict(sizes=dict(num_layers=20, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
                             ffn_hidden_size=5632), vocab=32000, max_seq=256, prompts=8, generations=4,
@@ -34,6 +39,14 @@ SIZES = {  # model, rollout and engine shapes
     "small": dict(sizes=dict(num_layers=4, hidden_size=512, num_attention_heads=8, num_query_groups=4,
                              ffn_hidden_size=1024), vocab=4096, max_seq=128, prompts=4, generations=4,
                   prompt_len=16, new_tokens=32, micro_batch=8, max_num_seqs=32),
+    # the sweep (issue 34): Llama shapes of 1.54 B, 2.09 B and 2.61 B parameters (offloaded 25.8, 35.0 and
+    # 43.8 GiB at 18 bytes a parameter); the rollout as "full"
+    "1.5b": dict(_FULL_ROLLOUT, sizes=dict(num_layers=20, hidden_size=2560, num_attention_heads=20,
+                                           num_query_groups=4, ffn_hidden_size=6912)),
+    "2.1b": dict(_FULL_ROLLOUT, sizes=dict(num_layers=28, hidden_size=2560, num_attention_heads=20,
+                                           num_query_groups=4, ffn_hidden_size=6912)),
+    "2.6b": dict(_FULL_ROLLOUT, sizes=dict(num_layers=24, hidden_size=3072, num_attention_heads=24,
+                                           num_query_groups=8, ffn_hidden_size=8192)),
     "tiny": dict(sizes=dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                             ffn_hidden_size=128), vocab=256, max_seq=64, prompts=2, generations=2,
                  prompt_len=8, new_tokens=8, micro_batch=4, max_num_seqs=8),
@@ -95,6 +108,7 @@ def driver(args) -> int:
            "size": args.size, "model": sz["sizes"], "vocab": sz["vocab"], "steps": [], "val_period": args.val_period,
            "kv_cache_gib": round(args.kv_bytes / GIB, 3) if args.kv_bytes else None, "kv_rule": args.kv_rule,
            "ckpt_medium": args.ckpt_medium, "main_finalize_order": args.order, "ranks": args.ranks,
+           "checkpointing": async_save is not None, "nosave_steps": args.nosave_steps, "verify": bool(args.verify),
            "env": {k: v for k, v in os.environ.items() if k.startswith(("COLO_SHIM", "E2E_", "VLLM_ENABLE"))}}
     rec = Recorder(run, args.progress)
     os.environ["E2E_ZMQ_ADDR"] = f"ipc:///tmp/colo_e2e_{os.getpid()}.sock"
@@ -109,11 +123,11 @@ def driver(args) -> int:
                "colocated": {"enabled": True}, "vllm_cfg": {"expert_parallel_size": 1}, "ranks": args.ranks}
     policy_cfg = {"model": {k: sz[k] for k in ("sizes", "vocab", "max_seq")}, "lr": 1e-5, "micro_batch": sz["micro_batch"],
                   "colocated": True, "generation": gen_cfg, "max_total_sequence_length": sz["max_seq"],
-                  "checkpoint": {"async_save": async_save, "async_strategy": "nvrx", "use_persistent_ckpt_worker": True,
+                  "checkpoint": {"async_save": bool(async_save), "async_strategy": "nvrx", "use_persistent_ckpt_worker": True,
                                  "ckpt_assume_constant_structure": True, "async_ckpt_use_cpu_shm": False}}
     master_config = {"policy": policy_cfg, "grpo": {"val_period": args.val_period, "use_dynamic_sampling": False,
                                                      "max_num_steps": args.steps, "num_generations_per_prompt": sz["generations"]},
-                     "checkpointing": {"enabled": True}}
+                     "checkpointing": {"enabled": False}}  # set per step by phase() below
     ckpt_root = os.path.join(args.ckpt_dir, f"e2e_{os.getpid()}")
     os.makedirs(ckpt_root, exist_ok=True)
     checkpointer = None
@@ -122,7 +136,8 @@ def driver(args) -> int:
     from nemo_rl.algorithms import grpo
 
     try:
-        checkpointer = Checkpointer(ckpt_root, rec, order=args.order)
+        if async_save is not None:  # the no-save modes have no checkpointer at all (no verifier processes)
+            checkpointer = Checkpointer(ckpt_root, rec, order=args.order, verify=bool(args.verify))
         rec.checkpointer = checkpointer
         cluster = Cluster(rec, run)
         t0 = time.perf_counter()
@@ -140,14 +155,21 @@ def driver(args) -> int:
         val = next(_batches(dict(sz, prompts=2, generations=1), 1))
         val["seed"] = 0
         timer = Timer()
-        logger = SimpleNamespace(begin_step=lambda n: rec.begin(n, timer), after_finish=rec.after_finish,
-                                 log_metrics=rec.log_metrics)
+        def phase(n):
+            """Checkpoints from step nosave_steps + 1 on (0: every step), read by grpo_train at each step's end."""
+            rec.begin(n, timer)
+            on = master_config["checkpointing"]["enabled"] = checkpointer is not None and n > args.nosave_steps
+            rec.step["ckpt_on"] = on
+
+        logger = SimpleNamespace(begin_step=phase, after_finish=rec.after_finish, log_metrics=rec.log_metrics)
         grpo.grpo_train(policy, generation, _batches(sz, args.steps), val, None, None, None, None, logger,
                         checkpointer, {"total_steps": 0}, master_config, timer)
-        checkpointer.finish(lambda: max(rec.trainer.call("finish_all_saves")))
+        if checkpointer is not None:
+            checkpointer.finish(lambda: max(rec.trainer.call("finish_all_saves")))
         run["engine_shim"] = rec.engine.call("report", "shim_report")
         shim_ranks = rec.trainer.call("report", "shim_status")
         run["trainer_shim"] = shim_ranks[0]  # rank 0's, as with one rank; every rank's beside it
+        run["trainer_offload"] = rec.trainer.call("report", "offload_report")[0]  # mirrors, made ahead
         if args.ranks > 1:
             run["trainer_shim_per_rank"] = shim_ranks
         run["driver_shim"] = probes.shim_status(details=True)  # the driver's vllm-family decisions
@@ -177,6 +199,16 @@ def _bare_config(sz):
                            num_attention_heads=s["num_attention_heads"], num_query_groups=s["num_query_groups"],
                            kv_channels=s["hidden_size"] // s["num_attention_heads"], layernorm_epsilon=1e-5, bf16=True,
                            params_dtype="torch.bfloat16")
+
+
+def params_of(size: str) -> int:
+    """Parameters of a SIZES model, from its shape alone (the orchestrator sizes the KV cache with it)."""
+    s = SIZES[size]["sizes"]
+    return _count_params({"hidden_size": s["hidden_size"], "intermediate_size": s["ffn_hidden_size"],
+                          "vocab_size": SIZES[size]["vocab"], "num_hidden_layers": s["num_layers"],
+                          "head_dim": s["hidden_size"] // s["num_attention_heads"],
+                          "num_attention_heads": s["num_attention_heads"],
+                          "num_key_value_heads": s["num_query_groups"]})
 
 
 def _count_params(hf) -> int:

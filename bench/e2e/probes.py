@@ -192,8 +192,27 @@ class TrainerProbe:
                                  if torch.is_tensor(v) and v.dim() > 0)
         return total
 
+    def optimizer_bytes(self) -> int:
+        """Bytes of the optimizer's own tensors (fp32 main params, Adam moments), wherever they are now:
+        what its offload moves. The CPU smoke's Adam never moves: 0 there."""
+        st = self.worker.state
+        if not st.gpu:
+            return 0
+        tensors = [t for o in getattr(st.opt, "chained_optimizers", [st.opt]) for group in o.optimizer.param_groups
+                   for p in group["params"] for t in [p] + [v for v in o.optimizer.state.get(p, {}).values()
+                                                          if torch.is_tensor(v) and v.dim() > 0]]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def hf_config(self) -> dict:
         return self.worker.state.hf_config
+
+    def offload_report(self):
+        """colo-shim's offload family in the trainer: mirrors, fallbacks, the mirrors made ahead (issue 34)."""
+        if "colo_shim" not in sys.modules:
+            return None
+        import colo_shim
+
+        return next((r.get("details") for r in colo_shim.status() if r["name"] == "offload" and r.get("details")), None)
 
     def shim_status(self):
         """colo-shim's status() in the trainer (fence totals, main-async decisions), compact."""

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from contextlib import contextmanager
 
 from bench.e2e import ranks
-
-GIB = float(1 << 30)
+from bench.e2e.hostmem import GIB, rss_parts, tree_rss
 
 
 class Timer:
@@ -29,60 +27,6 @@ class Timer:
             yield
         finally:
             self.times[name] = round(self.times.get(name, 0.0) + time.perf_counter() - t0, 3)
-
-
-class Monitor(threading.Thread):
-    """Peak host memory of the job: RSS of every process under the driver (trainer, engine, NVRx
-    writer; not the checkpoint verifier, an instrument) plus /dev/shm in use, sampled every 0.2 s."""
-
-    def __init__(self, exclude):
-        super().__init__(daemon=True)
-        self.exclude, self.peak_rss, self.peak_shm, self.stop = exclude, 0, 0, False
-        self.min_avail = self.run_min_avail = float("inf")  # lowest MemAvailable: this step's, the run's
-
-    def run(self):
-        while not self.stop:
-            try:
-                self.peak_rss = max(self.peak_rss, _tree_rss(os.getpid(), self.exclude()))
-                self.peak_shm = max(self.peak_shm, _shm_used())
-                self.min_avail = min(self.min_avail, mem_available())
-                self.run_min_avail = min(self.run_min_avail, self.min_avail)
-            except Exception:
-                pass
-            time.sleep(0.2)
-
-    def take(self):
-        out = (self.peak_rss, self.peak_shm, self.min_avail)
-        self.peak_rss = self.peak_shm = 0
-        self.min_avail = float("inf")
-        return out
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-
-
-def _tree_rss(root: int, exclude) -> int:
-    """RSS of `root` and its descendants, leaving out the subtrees of `exclude` (bench instruments)."""
-    import psutil
-
-    total, todo = 0, [psutil.Process(root)]
-    while todo:
-        proc = todo.pop()
-        if proc.pid in exclude:
-            continue
-        try:
-            total += proc.memory_info().rss
-            todo.extend(proc.children())
-        except psutil.Error:
-            continue
-    return total
-
-
-def _shm_used() -> int:
-    st = os.statvfs("/dev/shm")
-    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 class Recorder:
@@ -132,19 +76,23 @@ class Recorder:
                                              "save_checkpoint"):
             self.step.setdefault("trainer_calls", []).append(method)  # the order main's two calls met in
         if actor == "trainer" and method == "train":  # the steady footprint while training (issue 23: mirrors stay)
-            with self.instrument():
-                self.step["host_rss_train_gib"] = round(_tree_rss(os.getpid(), self.monitor.exclude()) / GIB, 3)
+            with self.instrument():  # and in parts (issue 34): the trainer, its NVRx writer, the engine
+                self.step["host_rss_train_gib"] = round(tree_rss(os.getpid(), self.monitor.exclude()) / GIB, 3)
+                self.step["host_rss_parts_gib"] = rss_parts([r.proc.pid for r in self.trainer.remotes],
+                                                            [self.engine.proc.pid])
         if actor == "trainer" and method == "offload_before_refit" and getattr(self, "checkpointer", None):
             self.checkpointer.after_offload()
         if actor == "trainer" and method == "offload_after_refit":
             ps = self.trainer_probe()
             with self.instrument():
                 states = self.trainer.call("report", "state_bytes")
+                optimizer = self.trainer.call("report", "optimizer_bytes")
             held = round(max(p["reserved"] for p in ps) / GIB, 3)
             self.step.setdefault("held_all_gib", []).append(held)
             if self.step["held_gib"] is None:  # the step's first offload: the one a save may be in flight at
                 self.step["held_gib"] = held
                 self.step["offloaded_gib"] = round(max(states) / GIB, 3)
+                self.step["offloaded_opt_gib"] = round(max(optimizer) / GIB, 3)  # what the optimizer's offload moves
                 self.step["free_after_offload_gib"] = round(min(p["free"] for p in ps) / GIB, 3)
                 self.step["trainer_pinned_gib"] = round(max(p["pinned"] for p in ps) / GIB, 3)
                 self.step["stage_registered_gib"] = round(max(p.get("registered", 0) for p in ps) / GIB, 3)

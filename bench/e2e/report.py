@@ -1,6 +1,6 @@
 """Tables from the e2e harness's JSON (bench/e2e/results/e2e_h200.json).
 
-    python bench/e2e/report.py [--markdown | --readme | --svg OUT.svg] [--only REGEX] [FILE]
+    python bench/e2e/report.py [--markdown | --readme | --sweep [--pair machine] | --svg OUT.svg] [--only REGEX] [FILE]
 
 One row per run: steps finished, wake-ups OOM, what the writer held after the offload (max over
 steps, and as a share of the offloaded state), host peak, pinned host memory after rollout
@@ -19,6 +19,10 @@ import json
 import os
 import statistics
 import sys
+
+sys.path[:0] = [p for p in (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),)
+                if p not in sys.path]
+from bench.e2e import chart, compare  # noqa: E402
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "e2e_h200.json")
 
@@ -43,8 +47,17 @@ def runs_of(report) -> list:
     return report if isinstance(report, list) else report["runs"]
 
 
+def _runs(report) -> list:
+    return compare.expand([r for r in runs_of(report) if "skipped" not in r])
+
+
 def rows(report: dict) -> list[dict]:
-    runs = [r for r in runs_of(report) if "skipped" not in r]
+    return table(report)[0]
+
+
+def table(report, pair: str = "call") -> tuple:
+    """(one row per run, the runs they come from): runs with a no-save phase split in two (compare.py)."""
+    runs = _runs(report)
     ref = {}
     for r in runs:  # reference ids per step: the first run that has them
         for s in r["steps"]:
@@ -56,9 +69,9 @@ def rows(report: dict) -> list[dict]:
         done = [s for s in steps if s.get("step_s") is not None]
         held = [s["held_gib"] for s in steps if s.get("held_gib") is not None]
         off = [s["offloaded_gib"] for s in steps if s.get("offloaded_gib")]
-        # steps whose refit offload met the previous step's save: every step after the first (the
-        # previous step saved last), async or not; shim fences finalize it, so pending counts lie
-        inflight = [s for s in done if s["step"] >= 2]
+        # steps whose refit offload met the previous step's save: every step after the run's (or its
+        # saving phase's) first, async or not; shim fences finalize it, so pending counts lie
+        inflight = [s for s in done if s["step"] >= r.get("first_step", 1) + 1]
         ck = [s["ckpt_equal"] for s in steps if s.get("ckpt_equal") is not None]
         rf = [s["refit_equal"] for s in steps if s.get("refit_equal") is not None]
         sched = [s.get("save_schedule_s") for s in steps if s.get("save_schedule_s") is not None]
@@ -86,6 +99,7 @@ def rows(report: dict) -> list[dict]:
             "step_plain_s": _med([s["step_s"] for s in inflight if "validation" not in (s.get("times") or {})]),
             "offload_wait_s": _med([s.get("offload_wait_s") for s in inflight]),
             "main_finalize_s": _med([s.get("main_finalize_s") for s in inflight]),
+            "finalize_s": _med([s.get("save_finalize_prev_s") for s in inflight]),
             "ckpt_medium": r.get("ckpt_medium") or "shm",
             "save_first_s": sched[0] if sched else None, "save_second_s": sched[1] if len(sched) > 1 else None,
             "save_steady_s": _med(sched[2:]),
@@ -93,7 +107,8 @@ def rows(report: dict) -> list[dict]:
             "kv_cache_gib": r.get("kv_cache_gib"),
             "error": _short(r.get("error")),
         })
-    return out
+    compare.ratios(out, runs, pair)
+    return out, runs
 
 
 def _short(error):
@@ -115,6 +130,7 @@ COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"
         ("ids_match_ref", "ids = ref"), ("step_s", "step s (median)"), ("step_inflight_s", "step s, steps >= 2"),
         ("step_plain_s", "step s, steps >= 2 w/o validation"),
         ("offload_wait_s", "offload wait s, steps >= 2"), ("main_finalize_s", "main's checkpointer wait s"),
+        ("finalize_s", "save's finalize wait s"), ("vs_nosave", "vs no-save"), ("vs_sync", "vs sync saves"),
         ("ckpt_medium", "ckpt on"), ("save_first_s", "save sched. 1st s"),
         ("save_second_s", "save sched. 2nd s"), ("save_steady_s", "save sched. 3rd on s (median)"),
         ("registered_gib", "page-locked staging GiB"), ("kv_cache_gib", "KV GiB")]
@@ -122,7 +138,7 @@ COLS = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"
 
 SHORT = [("run", "run"), ("vllm", "vLLM"), ("steps", "steps"), ("oom", "wake OOM"), ("ranks", "ranks"), ("held_pct", "held %"),
          ("ckpt_equal", "ckpt equal"), ("step_plain_s", "step s, save in flight"),
-         ("offload_wait_s", "offload wait s"), ("host_peak_gib", "host peak GiB")]
+         ("offload_wait_s", "offload wait s"), ("host_peak_gib", "host peak GiB"), ("vs_nosave", "vs no-save")]
 
 
 def markdown(report: dict, cols=None) -> str:
@@ -150,8 +166,8 @@ def split_markdown(report: dict) -> str:
              "step refits twice); save_checkpoint includes waiting for the verifier, which step_s leaves out "
              "(instrument s).", "",
              "| run | vLLM | " + " | ".join(SPLIT) + " | instrument s |", "|" + "---|" * (len(SPLIT) + 3)]
-    for r in runs_of(report):
-        steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("times")]
+    for r in _runs(report):
+        steps = [s for s in r.get("steps", []) if s["step"] > r.get("first_step", 1) and s.get("times")]
         if not steps:
             continue
         cells = [_fmt(_med([s["times"].get(k) for s in steps])) for k in SPLIT]
@@ -169,8 +185,8 @@ def parts_markdown(report: dict) -> str:
              "main's finalize_async_save with whatever it runs); grads: the DDP grad buffers (params stay on the GPU "
              "for the refit); optimizer: the optimizer state; empty_cache: gc + empty_cache.", "",
              "| run | vLLM | " + " | ".join(PARTS) + " |", "|" + "---|" * (len(PARTS) + 2)]
-    for r in runs_of(report):
-        steps = [s for s in r.get("steps", []) if s["step"] >= 2 and s.get("offload_parts")]
+    for r in _runs(report):
+        steps = [s for s in r.get("steps", []) if s["step"] > r.get("first_step", 1) and s.get("offload_parts")]
         if steps:
             cells = [_fmt(_med([s.get("offload_wait_s") if k == "fence" else s["offload_parts"].get(f"before.{k}")
                                 for s in steps])) for k in PARTS]
@@ -207,43 +223,6 @@ def ranks_markdown(report) -> str:
     return "\n".join(["Per rank (runs with ranks > 1):", ""] + lines + body) if body else ""
 
 
-def svg(report, title: str = "") -> str:
-    """Two bar charts, one row per run: the step time with a save in flight (steps >= 2, no
-    validation) and the GPU memory the writer still held after the offload, i.e. what the next
-    wake-up had to do without. Plain SVG, no plotting library."""
-    data = [r for r in rows(report) if r["steps"]]
-    label_w, bar_w, row_h, top = 370, 280, 22, 48
-    height = top + row_h * len(data) + 40
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + 2 * (bar_w + 90)}" height="{height}" '
-           'font-family="sans-serif" font-size="12">',
-           f'<text x="4" y="16" font-size="14" font-weight="bold">{_esc(title)}</text>']
-    panels = (("step s with a save in flight", "step_plain_s", "#4878a8"),
-              ("GiB still reserved after the offload", "held_gib", "#c8553d"))
-    for p, (name, key, color) in enumerate(panels):
-        x0 = label_w + p * (bar_w + 90)
-        vmax = max([r[key] for r in data if r[key] is not None] or [1.0]) or 1.0
-        out.append(f'<text x="{x0}" y="{top - 10}" font-weight="bold">{_esc(name)}</text>')
-        for i, r in enumerate(data):
-            y = top + i * row_h
-            v = r[key]
-            if p == 0:
-                out.append(f'<text x="4" y="{y + 14}">{_esc(r["run"])} (vLLM {r["vllm"]})</text>')
-            if v is None:
-                out.append(f'<text x="{x0 + 2}" y="{y + 14}" fill="#888">-</text>')
-                continue
-            w = max(1, int(bar_w * v / vmax))
-            out.append(f'<rect x="{x0}" y="{y + 3}" width="{w}" height="{row_h - 6}" fill="{color}"/>')
-            out.append(f'<text x="{x0 + w + 4}" y="{y + 14}">{v:.2f}</text>')
-    out.append(f'<text x="4" y="{height - 12}" fill="#555">from {_esc(os.path.basename(DEFAULT))}: '
-               'medians over steps >= 2 without validation; held = reserved GPU memory after the offload</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _esc(text) -> str:
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     md = "--markdown" in argv
@@ -259,9 +238,11 @@ def main(argv=None) -> int:
         report = [r for r in runs_of(json.load(open(paths[0]))) if re.search(only, r["name"])]
     if target:
         with open(target, "w") as f:
-            f.write(svg(report, "colocated GRPO on one H200 (bench/e2e)"))
+            f.write(chart.svg(rows(report), "colocated GRPO on one H200 (bench/e2e)", os.path.basename(DEFAULT)))
     elif "--readme" in argv:
         print(markdown(report, SHORT))
+    elif "--sweep" in argv:  # --pair machine: ratios across the calls of one machine and boot
+        print(compare.sweep_markdown(*table(report, argv[argv.index("--pair") + 1] if "--pair" in argv else "call")))
     elif md:
         print(markdown(report))
         print()

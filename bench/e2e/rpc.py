@@ -54,7 +54,7 @@ class Remote:
     def died(self) -> str:
         """Why the pipe closed: the actor's exit code (-9 is SIGKILL, what the kernel's OOM killer sends)
         and the node's available memory right then."""
-        from bench.e2e.record import GIB, mem_available
+        from bench.e2e.hostmem import GIB, mem_available
 
         self.proc.join(10)
         code = self.proc.exitcode

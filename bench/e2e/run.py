@@ -12,26 +12,26 @@ trainer, the engine, NVRx's writer): the driver runs the site package's `grpo_tr
   sync_save       workaround: synchronous saves, no shim (NeMo-RL v0.3-v0.7's async_save=False)
   main3322        workaround: NeMo-RL main's worker (PR #3322 blocking finalize at offload), no shim
   main3322_shim   main's worker with COLO_SHIM=1 and the default release (issue 22)
+  nosave          the same loop without checkpoints, no colo-shim (issue 34's baseline)
+  nosave_shim     without checkpoints, COLO_SHIM=1 (the offload family's mirrors, no save to fence)
   stage, stage_nopin, main3322_stage
                   measured the stage release (page-locked /dev/shm staging; stage_nopin without the
                   page-locking) before it was retired; they still run, as shim / main3322_shim with
                   COLO_SHIM_NVRX_RELEASE=stage (the deprecated alias of the default), recorded as
                   release "stage (retired: runs as inplace)"
 
-Run options follow the steps, colon-separated: `kvdelta=-16` shrinks that run's KV cache;
-`order=before|after` (main-worker modes) adds main's checkpointer-thread call of
-`finalize_async_save` (a waiting call), reaching the trainer right after save_checkpoint returns
-(before) or right after the next offload_before_refit (after); `ckpt=disk` writes that run's
-checkpoints under --disk-dir instead of --ckpt-dir (/dev/shm); `offload=on|off` sets COLO_SHIM_OFFLOAD for that
-run (issue 23's optimizer-offload family; shim modes only); `ranks=N` runs N trainer ranks
-(data parallel, one NVRx writer each) and an engine of N workers (vLLM tensor_parallel_size=N),
-one per GPU (issue 25). E.g. `main3322_shim@0.7.0:4:order=after`, `shim@0.7.0:10:ranks=2`.
+Run options follow the steps, colon-separated (specs.py says what each does): kvdelta=N,
+order=before|after (main-worker modes), ckpt=disk, offload=on|off (shim modes), ranks=N (issue 25),
+size=NAME (driver.SIZES), verify=off, nosave=K, limit=S (issue 34). E.g.
+`main3322_shim@0.7.0:4:order=after`, `shim@0.7.0:10:ranks=2`, `shim@0.7.0:7:size=2.1b:nosave=3:verify=off`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
 memory right after offload_after_refit in the last colo-shim run of this invocation (or
 --kv-free-gib), margin --kv-margin-gib (3): a job tuned to the GPU with the shim fits, without it
 the writer's memory must be free at wake-up and is not. A run spec `mode@nvrx:steps:kvdelta=-16`
-shrinks the KV cache of that run (to see what a no-shim job that fits writes).
+shrinks the KV cache of that run (to see what a no-shim job that fits writes). F is per model size:
+a size not measured yet takes another size's F less its extra engine weights (--kv-free-size names
+the size --kv-free-gib was measured at).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SITE = os.path.join(HERE, "site")
 GIB = float(1 << 30)
 sys.path[:0] = [p for p in (REPO, SITE) if p not in sys.path]
-from bench.e2e.driver import MODES, SIZES  # noqa: E402
+from bench.e2e.driver import MODES, SIZES, params_of  # noqa: E402
 from bench.e2e.specs import name as _name, parse as _parse  # noqa: E402
 
 
@@ -61,12 +61,28 @@ def _site_path(args, nvrx: str) -> list:
     return parts
 
 
+def _free_gib(measured: list, size: str, ranks: int) -> tuple:
+    """F for a run of `size`: the last measurement of that size, else the last of another size less the
+    engine's extra weights (2 bytes a parameter per GPU: what the trainer's offload leaves free does
+    not depend on its size), else None."""
+    same = [f for s, f in measured if s == size]
+    if same:
+        return same[-1], "measured"
+    if measured:
+        ref, free = measured[-1]
+        return free - 2 * (params_of(size) - params_of(ref)) / ranks / GIB, f"measured at size {ref}, less the weights"
+    return None, None
+
+
 def orchestrate(args) -> int:
-    results, measured_free = [], list(args.kv_free_gib or [])
+    results = []
+    measured_free = [(args.kv_free_size or args.size, f) for f in args.kv_free_gib or []]
     start = time.monotonic()
+    call = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"  # pairs rows of this call (report.py's ratios)
     os.makedirs(args.out, exist_ok=True)
     for mode, nvrx, steps, opts in [_parse(spec) for spec in args.runs.split(",")]:  # all checked first
         kvdelta, name = opts["kvdelta"], _name(mode, nvrx, opts)
+        size = opts.get("size") or args.size
         ckpt_dir = args.disk_dir if opts.get("ckpt") else args.ckpt_dir
         tag = name.split("@", 1)[1].replace(" ", "-").replace("=", "")
         left = args.budget_s - (time.monotonic() - start)
@@ -76,10 +92,11 @@ def orchestrate(args) -> int:
         kv, rule = None, None
         if not args.fake_engine:
             if args.kv == "auto":
-                free = measured_free[-1] if measured_free else args.kv_default_gib + args.kv_margin_gib
+                free, how = _free_gib(measured_free, size, opts["ranks"])
+                free = args.kv_default_gib + args.kv_margin_gib if free is None else free
                 kv = int((free - args.kv_margin_gib + kvdelta) * GIB)
                 rule = (f"F - {args.kv_margin_gib:g} GiB{kvdelta:+g} GiB, F = {free:.2f} GiB free after offload_after_refit "
-                        + ("in a shim run" if measured_free else "(default, not measured yet)"))
+                        + (f"in a shim run ({how})" if how else "(default, not measured yet)"))
             else:
                 kv, rule = int(float(args.kv) * GIB), "fixed"
         shim, release, layout, _, extra = MODES[mode]
@@ -104,7 +121,8 @@ def orchestrate(args) -> int:
             if os.path.exists(p):
                 os.remove(p)
         cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--mode", mode, "--name", name, "--nvrx", nvrx,
-               "--steps", str(steps), "--size", args.size, "--val-period", str(args.val_period), "--progress", progress,
+               "--steps", str(steps), "--size", size, "--val-period", str(args.val_period), "--progress", progress,
+               "--nosave-steps", str(opts["nosave"]), "--verify", "0" if opts.get("verify") else "1",
                "--work", work, "--ckpt-dir", ckpt_dir, "--kv-bytes", str(kv or 0), "--kv-rule", str(rule),
                "--ckpt-medium", "disk" if opts.get("ckpt") else "shm", "--ranks", str(opts["ranks"])] + (
                    ["--order", opts["order"]] if opts.get("order") else [])
@@ -114,8 +132,9 @@ def orchestrate(args) -> int:
         os.makedirs(ckpt_dir, exist_ok=True)
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        limit = min(opts["limit"] or args.per_run_s, left)
         try:
-            rc = proc.wait(timeout=min(args.per_run_s, left))
+            rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             rc = "timeout"
         try:
@@ -136,7 +155,7 @@ def orchestrate(args) -> int:
         row = json.load(open(progress)) if os.path.exists(progress) else {"name": name, "mode": mode, "nvrx": nvrx,
                                                                             "steps": []}
         if rc == "timeout" and "error" not in row:
-            row["error"] = f"run limit {min(args.per_run_s, left):.0f}s reached after {len(row['steps'])} steps"
+            row["error"] = f"run limit {limit:.0f}s reached after {len(row['steps'])} steps"
         elif rc != 0 and "error" not in row:
             row["error"] = f"driver exit {rc}; see log"
         row.setdefault("ranks", opts["ranks"])  # a driver that died before its first record
@@ -144,10 +163,10 @@ def orchestrate(args) -> int:
         row["shm_left_behind"] = len(leftover)
         row["log_tail"] = open(log_path).read()[-1500:] if row.get("error") else None
         if shim and row.get("free_after_offload_gib"):
-            measured_free.append(min(row["free_after_offload_gib"]))
+            measured_free.append((size, min(row["free_after_offload_gib"])))
         results.append(row)
         print(f"[e2e] {name}: {len(row['steps'])} steps, {row['wall_s']}s, error={str(row.get('error'))[:300]}", flush=True)
-    meta = _meta(args)
+    meta = dict(_meta(args), call=call)
     report = [dict(row, meta=meta) for row in results]
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
@@ -165,7 +184,10 @@ def _unlink(path):
 
 
 def _meta(args) -> dict:
-    out = {"size": args.size, "sizes": SIZES[args.size], "val_period": args.val_period, "kv_margin_gib": args.kv_margin_gib}
+    from bench.e2e.hostmem import mem_total
+
+    out = {"size": args.size, "sizes": SIZES[args.size], "val_period": args.val_period,
+           "kv_margin_gib": args.kv_margin_gib, "mem_total_gib": round(mem_total() / GIB, 2), "boot": _boot()}
     try:
         import torch
 
@@ -173,6 +195,15 @@ def _meta(args) -> dict:
     except Exception:
         pass
     return out
+
+
+def _boot() -> str:
+    """This machine and boot: rows of calls on one warm machine may be compared (report.py --pair machine)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{os.uname().nodename}/{f.read().strip()}"
+    except OSError:
+        return None
 
 
 def _fill_failed_wake(row) -> None:
@@ -204,8 +235,8 @@ def merge(paths, out) -> int:
             if "skipped" not in row:
                 _fill_failed_wake(row)
                 runs[(row["name"], row.get("vllm"))] = dict(row, source=os.path.relpath(path, REPO) if path.startswith(REPO) else path)
-    order = {m: i for i, m in enumerate(("noshim", "shim", "stage", "stage_nopin", "sync_save", "main3322",
-                                         "main3322_shim", "main3322_stage"))}
+    order = {m: i for i, m in enumerate(("nosave", "nosave_shim", "noshim", "shim", "stage", "stage_nopin", "sync_save",
+                                         "main3322", "main3322_shim", "main3322_stage"))}
     report = sorted(runs.values(), key=lambda r: (r.get("vllm") != "0.26.0", r.get("nvrx") != "0.7.0", order.get(r.get("mode"), 99), r["name"]))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
@@ -237,6 +268,9 @@ def main() -> int:
     ap.add_argument("--kv-bytes", type=int, default=0)
     ap.add_argument("--kv-rule", default=None)
     ap.add_argument("--kv-free-gib", type=float, action="append", default=None)
+    ap.add_argument("--kv-free-size", default=None, help="the size --kv-free-gib was measured at (default --size)")
+    ap.add_argument("--nosave-steps", type=int, default=0, help="driver: steps before checkpointing starts")
+    ap.add_argument("--verify", type=int, default=1, help="driver: read every checkpoint back (0: keep one, no check)")
     ap.add_argument("--kv-default-gib", type=float, default=100.0)
     ap.add_argument("--kv-margin-gib", type=float, default=3.0)
     ap.add_argument("--fake-engine", action="store_true")

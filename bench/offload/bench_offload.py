@@ -2,7 +2,11 @@
 
 Per path, in a fresh process each (one GPU, NCCL, one rank): a megatron-core GPTModel (default 16
 layers x 2048 hidden, 0.94B params) in megatron DDP with the distributed optimizer, bf16 with fp32
-main params and Adam state, two train steps; then `--rounds` rounds of offload, reload, train step,
+main params and Adam state; in a colocated job's order (`--job-order 1`, the default) one offload and
+reload before any optimizer state exists (a job's first refit: main params only, `before_state`),
+then two train steps (the first makes Adam's state; with colo-shim its mirrors are made in background
+threads from then on, colo_shim/offload/ahead.py), `--gap-s` of the job's own work (0: none, the
+worst case for the mirrors made ahead), then `--rounds` rounds of offload, reload, train step,
 each move timed between two cuda synchronizes and checked bit for bit (every moved tensor against
 its copy taken on the GPU before the offload: on the host after it, on the GPU after the reload).
 - path `mcore`: megatron-core's own `optimizer.offload_to_cpu()` / `restore_from_cpu()` (fp32 main
@@ -152,14 +156,31 @@ def child(args) -> dict:
         else:
             worker.move_optimizer("cpu" if to_host else "cuda")
 
+    def timed(to_host):
+        sync()
+        t0 = time.perf_counter()
+        move(to_host)
+        sync()
+        return round(time.perf_counter() - t0, 4)
+
+    first = {}
+    with moving():
+        if not gpu:
+            move(False)  # into the stand-in's "device", where a GPU job has all of it from the start
+        if args.job_order:  # a colocated job's first refit: offload and reload before any optimizer state
+            first = {"gib": round(sum(t.numel() * t.element_size() for t in moved()) / GIB, 3),
+                     "offload_s": timed(True), "reload_s": timed(False)}
     step(1)
     step(2)
     with moving():
         if not gpu:
-            move(False)  # into the stand-in's "device", where a GPU job has all of it from the start
+            move(False)
+    if args.gap_s:
+        time.sleep(args.gap_s)  # the job's own work between its optimizer step and the next refit
     avail_built = _mem_available()
     rec = {"path": args.path, "colo_shim": bool(os.environ.get("COLO_SHIM")), "offload_s": [], "reload_s": [],
-           "bit_identical": True, "host": {"rss_after_offload_gib": [], "rss_after_reload_gib": []}}
+           "bit_identical": True, "host": {"rss_after_offload_gib": [], "rss_after_reload_gib": []},
+           "before_state": first, "gap_s": args.gap_s}
     sampler = Sampler()
     sampler.start()
     for r in range(args.rounds):
@@ -218,7 +239,8 @@ def _run(args, path: str, shim: bool) -> dict:
     if shim:
         env.update(COLO_SHIM="1", COLO_SHIM_OFFLOAD="on")  # the family is opt-in until measured (issue 23)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--path", path, "--rounds", str(args.rounds),
-           "--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab)] + (
+           "--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
+           "--job-order", str(args.job_order), "--gap-s", str(args.gap_s)] + (
         ["--tiny"] if args.tiny else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.per_run_s, cwd=REPO)
@@ -250,6 +272,26 @@ def table(records) -> str:
     return "\n".join(rows)
 
 
+def first_table(records) -> str:
+    """The first offloads apart from the later ones (issue 34): the one before any optimizer state (main
+    params only, a job's first refit), the first with the state, the later ones; with colo-shim, what
+    the mirrors made ahead in background threads saved the first one with the state."""
+    head = ("| path | colo-shim | before state: GiB, offload s | 1st with state s | later s (median) | 1st / later "
+            "| made ahead | waited for them s |")
+    rows = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in records:
+        if "error" in r or not r.get("offload_s"):
+            continue
+        later = sorted(r["offload_s"][1:]) or r["offload_s"]
+        median = later[len(later) // 2]
+        before = r.get("before_state") or {}
+        ahead = ((r.get("shim") or {}).get("made_ahead") or {})
+        rows.append(f"| {r['path']} | {r['colo_shim']} | {before.get('gib', '-')}, {before.get('offload_s', '-')} | "
+                    f"{r['offload_s'][0]} | {median} | {r['offload_s'][0] / median:.2f} | "
+                    f"{ahead.get('prepared', '-')} | {ahead.get('waited_s', '-')} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true")
@@ -260,6 +302,9 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--tiny", action="store_true", help="2 layers x 64 hidden, vocab 128; runs on the CPU")
+    ap.add_argument("--job-order", type=int, default=1, help="1: an offload and reload before the first optimizer "
+                    "step, as a colocated job's first refit (colo-shim then makes the state's mirrors ahead)")
+    ap.add_argument("--gap-s", type=float, default=0.0, help="seconds between the last train step and round 1")
     ap.add_argument("--site", default=os.path.join(REPO, ".site"), help="holds mcore/ (pip --target of megatron-core)")
     ap.add_argument("--per-run-s", type=float, default=140, help="per child; four children share one 600 s call")
     ap.add_argument("--out", default=None)
@@ -282,6 +327,8 @@ def main() -> int:
     with open(out, "w") as fh:
         json.dump(records, fh, indent=1)
     print(table(records))
+    print()
+    print(first_table(records))
     print(f"wrote {out}")
     return 0 if all("error" not in r and r["bit_identical"] for r in records) else 1
 

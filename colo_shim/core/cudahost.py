@@ -8,6 +8,7 @@ for real. torch is never imported here: a process that has not imported it has n
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -16,9 +17,12 @@ class CudaHost:
         torch = sys.modules.get("torch")
         return torch is not None and torch.cuda.is_initialized()
 
-    def register(self, ptr: int, nbytes: int) -> None:
+    def register(self, ptr: int, nbytes: int, device=None) -> None:
+        """device: the index to register on from a thread whose current device may be another (a new
+        thread's is 0; registering there would make a context on another rank's GPU)."""
         torch = sys.modules["torch"]
-        code = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+        with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+            code = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
         if code != 0:
             raise RuntimeError(f"cudaHostRegister returned cudaError {code}")
 

@@ -27,7 +27,9 @@ lists `offload` before `megatron`, the registry wraps in that order, so the fenc
 outer one; where a process installed them the other way round, a wrapper here sees a live colo-shim
 wrapper still to run inside it and takes the original path instead (one warning).
 
-Host memory: mirrors stay while training, bounded per node (budget.py). COLO_SHIM_OFFLOAD=off (or
+Mirrors are made ahead of the offload that needs them where they can be (ahead.py: after an optimizer
+step, in background threads), else at that offload. Host memory: mirrors stay while training,
+bounded per node (budget.py). COLO_SHIM_OFFLOAD=off (or
 COLO_SHIM_DISABLE=offload) turns mirrors off; the knob's default in core/config.py says whether they are on.
 """
 
@@ -37,7 +39,7 @@ import sys
 
 from colo_shim.core import config, wrapping
 from colo_shim.core.registry import Patch, Target
-from colo_shim.offload import mirrors
+from colo_shim.offload import ahead, mirrors
 
 # on: in bench/e2e on the H200 (call 17) the node host peak rose 0.89 GiB (<= 1 GiB, issue 23) while
 # offload_before_refit fell from 10.6 s to 0.56 s; the steady footprint while training rose 9.7 GiB
@@ -105,6 +107,9 @@ def _entry(where: str, walk, to_host):
             except Exception as exc:  # a layout this walk does not know: the body moves everything
                 mirrors.fallback(where, "error", f"{type(exc).__name__}: {exc}")
             else:
+                if towards:  # mirrors being made ahead first; then have them made after each optimizer step
+                    ahead.settle()
+                    ahead.watch(instance, walk, on)
                 (mirrors.offload if towards else mirrors.restore)(slots, where)
         return wrapped(*args, **kwargs)
 
@@ -177,7 +182,7 @@ def _buffer_first_offload(wrapped, instance, args, kwargs):
 
 
 def _report() -> dict:
-    found = dict(mirrors.report(), on=on(), default=DEFAULT)
+    found = dict(mirrors.report(), on=on(), default=DEFAULT, made_ahead=ahead.report())
     if not found["on"]:
         found["mode"] = f"off ({config.OFFLOAD}=off): the original copies run"
     return found

@@ -17,6 +17,7 @@ Never stale bytes, in either direction:
 Over the node's host budget (budget.py), or where page-locking fails (then for good), a call takes
 the original path, with one warning per process. Mirrors nothing reaches any more are dropped at the next call.
 Without CUDA initialized (CPU-only torch) mirrors stay pageable; report() says so.
+A mirror made ahead (ahead.py) is visible here only once page-locked, linked as a restore links one.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ DATA = object()  # slot key: the tensor behind a parameter's `.data`, not a dict
 
 
 class Mirror:
-    __slots__ = ("host", "nbytes", "locked", "kind", "baseline", "device", "device_id", "layout")
+    __slots__ = ("host", "nbytes", "locked", "kind", "baseline", "device", "device_id", "layout", "ahead")
 
     def __init__(self, tensor, nbytes: int, kind: str):
-        self.host, self.nbytes, self.kind, self.locked = tensor, nbytes, kind, False
+        self.host, self.nbytes, self.kind, self.locked, self.ahead = tensor, nbytes, kind, False, False
         self.baseline = self.device = self.device_id = self.layout = None
 
 
@@ -50,12 +51,11 @@ _by_device: dict[int, Mirror] = {}  # id(device storage a restore made from a mi
 _state: dict = {"broken": None, "atexit": False}
 _warned: set = set()
 stats = dict(offloads=0, restores=0, fallbacks=0, over_budget=0, reused=0, fresh=0, replaced=0, dropped=0,
-             bytes_moved=0, offload_s=0.0, restore_s=0.0, last_fallback="")
+             bytes_moved=0, offload_s=0.0, restore_s=0.0, last_fallback="", ahead=0, ahead_used=0, ahead_discarded=0)
 
 
-def _get(slot):
-    holder, key = slot
-    return holder.data if key is DATA else holder[key]
+def tensor_of(slot):
+    return slot[0].data if slot[1] is DATA else slot[0][slot[1]]
 
 
 def _put(slot, value) -> None:
@@ -97,12 +97,12 @@ def buffer_mirror(t, where: str):
     """A page-locked tensor laid out as `t.cpu()`, for the host copy a DDP buffer keeps; None: as upstream."""
     found = []
 
-    def make(slots, where, locking):
+    def body(slots, where, locking):
         if locking:  # pageable memory would be slower than upstream's pinned copy
-            found.append(_new(t, True, "buffer").host)
+            found.append(_publish(make(t, True, "buffer")).host)
         return True
 
-    _guarded(where, [t], make)
+    _guarded(where, [t], body)
     return found[0] if found else None
 
 
@@ -116,7 +116,7 @@ def _guarded(where: str, slots, body) -> bool:
             _sweep()
             return bool(body(slots, where, pages.host.ready()))
         except pages.LockFailed as exc:
-            return _break(where, exc)
+            return broke(where, exc)
         except Exception as exc:  # a shim bug, or a full device the original path meets the same way
             return fallback(where, "error", f"{type(exc).__name__}: {exc}")
         finally:  # the node's ledger learns what this process holds now (mirrors dropped, a copy failed)
@@ -126,7 +126,7 @@ def _guarded(where: str, slots, body) -> bool:
 def _offload(slots, where: str, locking: bool) -> bool:
     start, claimed, plan, need = time.perf_counter(), set(), [], 0
     for slot in slots:
-        t = _get(slot)
+        t = tensor_of(slot)
         m = _reuse(t, claimed)
         need += 0 if m is not None else pages.size(t)
         plan.append([slot, t, m])
@@ -134,7 +134,7 @@ def _offload(slots, where: str, locking: bool) -> bool:
     if not ok:
         return fallback(where, "budget", why)
     for step in plan:
-        step[2] = step[2] or _new(step[1], locking, "optimizer")
+        step[2] = step[2] or _publish(make(step[1], locking))
     for _, t, m in plan:
         m.host.copy_(t, non_blocking=locking)
     if locking:
@@ -152,7 +152,7 @@ def _restore(slots, where: str, locking: bool) -> bool:
     start = time.perf_counter()
     if not sys.modules["torch"].cuda.is_available():  # no device to restore onto: the body decides
         return True
-    plan = [(slot, t, t.to("cuda", non_blocking=True)) for slot in slots for t in (_get(slot),)]
+    plan = [(slot, t, t.to("cuda", non_blocking=True)) for slot in slots for t in (tensor_of(slot),)]
     if locking:
         pages.host.synchronize()
     for slot, t, new in plan:
@@ -166,18 +166,47 @@ def _restore(slots, where: str, locking: bool) -> bool:
     return True
 
 
-def _new(t, locking: bool, kind: str) -> Mirror:
+def make(t, locking: bool = True, kind: str = "optimizer", device=None) -> Mirror:
+    """Pages for t's mirror, page-locked when `locking`; nothing shared is touched (any thread may call it)."""
     m = Mirror(*pages.allocate(t), kind)
     if locking and m.nbytes:
-        pages.lock(m.host, m.nbytes)
+        pages.lock(m.host, m.nbytes, device)
         m.locked = True
-        if not _state["atexit"]:
-            _state["atexit"] = True
-            atexit.register(drop_all)
+    return m
+
+
+def _publish(m: Mirror) -> Mirror:
+    if m.locked and not _state["atexit"]:
+        _state["atexit"] = True
+        atexit.register(drop_all)
     m.baseline = _refs(m.host)
     _mirrors[id(m.host.untyped_storage())] = m
-    stats["fresh"] += 1
+    stats["ahead" if m.ahead else "fresh"] += 1
     return m
+
+
+def wanted(t) -> bool:  # no mirror linked to t yet
+    m = _by_device.get(id(t.untyped_storage()))
+    return m is None or m.device is None or m.device() is not t.untyped_storage()
+
+
+def room(nbytes: int) -> bool:
+    """Mirrors this many bytes more fit the node's budget: claimed in the ledger before they are pinned."""
+    with _lock:
+        return not _state["broken"] and budget.claim(held() + nbytes)[0]
+
+
+def adopt(t, m: Mirror, epoch: int) -> bool:
+    """Show a mirror made ahead for device tensor t to the next offload; or give its pages back (False):
+    mirrors broke, an offload ran since `epoch` (it moved t its own way), or t got a mirror meanwhile."""
+    with _lock:
+        if not _state["broken"] and stats["offloads"] == epoch and wanted(t):
+            m.ahead = True
+            _link(_publish(m), t)
+            return True
+        stats["ahead_discarded"] += 1
+    pages.unlock([m.host] if m.locked else [], log)
+    return False
 
 
 def _reuse(t, claimed: set):
@@ -191,6 +220,8 @@ def _reuse(t, claimed: set):
         return None
     claimed.add(id(m))
     stats["reused"] += 1
+    stats["ahead_used"] += m.ahead
+    m.ahead = False
     return m
 
 
@@ -229,10 +260,12 @@ def drop_all() -> None:
         _drop(list(_mirrors.values()))
 
 
-def _break(where: str, exc) -> bool:
-    _state["broken"] = str(exc)
-    drop_all()
-    return fallback(where, "page-lock", f"{exc}; mirrors stay off in this process")
+def broke(where: str, exc) -> bool:
+    """Page-locking failed (at an offload, or ahead of one): mirrors off for good in this process."""
+    with _lock:
+        _state["broken"] = str(exc)
+        drop_all()
+        return fallback(where, "page-lock", f"{exc}; mirrors stay off in this process")
 
 
 def fallback(where: str, kind: str, why: str) -> bool:

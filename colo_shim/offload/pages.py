@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
 import time
 
 from colo_shim.core.cudahost import CudaHost
 
 host = CudaHost()  # the one seam to the CUDA runtime (tests swap in a recorder)
-stats = {"lock_s": 0.0}
+stats = {"lock_s": 0.0}  # seconds spent page-locking, in every thread
+_stats_lock = threading.Lock()
 
 
 class LockFailed(RuntimeError):
@@ -49,13 +51,15 @@ def allocate(t):
     return raw.view(t.dtype).as_strided(meta.shape, meta.stride()), nbytes
 
 
-def lock(tensor, nbytes: int) -> None:
+def lock(tensor, nbytes: int, device=None) -> None:
+    """Page-lock; any thread may call it (mirrors made ahead are locked in background threads)."""
     begin = time.perf_counter()
     try:
-        host.register(tensor.untyped_storage().data_ptr(), nbytes)
+        host.register(tensor.untyped_storage().data_ptr(), nbytes, device)
     except Exception as exc:
         raise LockFailed(f"cudaHostRegister of {nbytes} bytes failed: {type(exc).__name__}: {exc}") from exc
-    stats["lock_s"] = round(stats["lock_s"] + time.perf_counter() - begin, 6)
+    with _stats_lock:
+        stats["lock_s"] = round(stats["lock_s"] + time.perf_counter() - begin, 6)
 
 
 def unlock(tensors, log) -> None:

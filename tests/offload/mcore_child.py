@@ -40,7 +40,9 @@ def init():
     parallel_state.initialize_model_parallel(1, 1)
 
 
-def build(seed=0):
+def build(seed=0, steps=2):
+    """The model after `steps` train steps, everything on the (stand-in) device; steps=0: no optimizer
+    state yet, as a colocated job's first refit finds it."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -65,8 +67,8 @@ def build(seed=0):
 
     worker = MegatronPolicyWorkerImpl({"model": ddp, "optimizer": opt}, None, worker_sharding_annotations=None)
     st = SimpleNamespace(ddp=ddp, opt=opt, worker=worker, buffers=list(ddp.buffers), seed=seed)
-    step(st, 1)
-    step(st, 2)
+    for n in range(1, steps + 1):
+        step(st, n)
     with FakeCuda():  # on a GPU all of it lives on the device from the start
         opt.restore_from_cpu()
         for buf in st.buffers:
