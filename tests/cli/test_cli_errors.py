@@ -7,6 +7,7 @@ and a broken NVRx is a stand-in package that fails at import, which takes second
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -53,6 +54,38 @@ def test_every_argument_is_described_in_help(command, arguments):
     rows = _described(proc.stdout)
     for argument in arguments:
         assert len(rows.get(argument, "").split()) >= 3, f"{argument} not described:\n{proc.stdout}"
+
+
+def test_run_help_lists_every_family_of_the_registry():
+    from colo_shim.core.families import FAMILIES
+
+    text = " ".join(cli("run", "--help").stdout.split())
+    described = re.search(r"--patches FAMILIES (.*?) --bundle", text).group(1)
+    named = described.split("when set), ")[-1].split(", ")  # after "all (default, or COLO_SHIM when set)"
+    assert named == list(FAMILIES), described
+
+
+@pytest.fixture(scope="module")
+def run_bundle(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("run-bundle"))
+
+
+@pytest.mark.parametrize("flags,env,says", [
+    ((), {"COLO_SHIM": "0"}, "(COLO_SHIM='0' inherited)"),
+    (("--patches", ""), {}, "(--patches '')"),
+    (("--patches", "off"), {"COLO_SHIM": "1"}, "(--patches 'off')"),
+    ((), {"COLO_SHIM": "nvrx", "COLO_SHIM_DISABLE": "nvrx"}, "(COLO_SHIM_DISABLE='nvrx' inherited, which removes "
+                                                            "every family of 'nvrx')"),
+    ((), {}, None), (("--patches", "all"), {"COLO_SHIM": "0"}, None), ((), {"COLO_SHIM": "true"}, None),
+])
+def test_run_says_in_one_line_when_the_shim_is_off_and_why(flags, env, says, run_bundle):
+    proc = cli("run", "--bundle", run_bundle, *flags, "--", sys.executable, "-c", "print('job ran')", env=env)
+    assert proc.returncode == 0 and proc.stdout == "job ran\n", proc
+    if says is None:
+        assert proc.stderr == "", proc.stderr
+    else:
+        assert _lines(proc.stderr) == [f"colo-shim run: colo-shim is OFF in this job {says}: the command runs "
+                                       "unpatched; --patches all turns it on"], proc.stderr
 
 
 def test_top_level_help_lists_every_command():
