@@ -1,10 +1,14 @@
 """`colo-shim doctor` in fresh interpreters against the real NVRx wheels and the test family."""
 
+import glob
 import json
+import os
+import re
 
 import pytest
 
-from helpers import TARGETS, deps_dir, run_python
+from harness.procs import REPO
+from helpers import TARGETS, deps_dir, last_json, run_python
 
 STATUSES = {"applied", "pending", "not-needed", "unsupported-version", "target-missing", "disabled", "failed"}
 
@@ -113,3 +117,18 @@ def test_fence_rows_recommend_inplace_and_name_the_retired_stage(release, status
     side_door = next(line for line in fence.splitlines() if "side door" in line)
     assert " yes " in side_door, side_door
     assert proc.stderr.count("COLO_SHIM_NVRX_RELEASE=stage is deprecated") == (release == "stage"), proc.stderr
+
+
+def test_the_docs_name_only_strategies_doctor_can_recommend():
+    """Issue 35 item 9: docs/checkpoint-fence.md said doctor recommends `stage`, retired in issue 22."""
+    can = set(last_json(run_python("""
+        import json
+        from colo_shim.checkpoint import advice, release
+        versions = (None, "0.1.0", "9.9.9.dev0", *release.INPLACE_TESTED)
+        print(json.dumps(sorted({advice.recommend(v)[0] for v in versions})))
+    """)))
+    said = []
+    for path in [os.path.join(REPO, "README.md"), *glob.glob(os.path.join(REPO, "docs", "*.md"))]:
+        text = " ".join(open(path).read().split())
+        said += [(os.path.basename(path), name) for name in re.findall(r"recommend(?:s|ed)? `?(\w+)", text)]
+    assert said and {name for _, name in said} <= can, (said, can)
