@@ -6,8 +6,12 @@ the trainer waits in preload_q.join(). The demo must report that cause (the writ
 limit whose message says no cause was detected, so a slow run can never pass for a hang.
 """
 
+import os
+import re
+
 import pytest
 
+from harness.procs import REPO
 from helpers import deps_dir, run_python
 
 pytestmark = pytest.mark.timeout(1500)  # a safety limit only; a loaded 2-core VM takes minutes
@@ -39,3 +43,17 @@ def test_demo_shows_the_hang_by_its_cause_without_and_an_equal_checkpoint_with_t
     assert rows["with shim"][4] == "yes", proc.stdout
     assert rows["with shim"][0] == "cpu (NVRx shm path)" and rows["with shim"][1] == "0.7.0", proc.stdout
 
+
+
+def test_readme_command_1_installs_into_a_venv_of_the_python_the_demo_needs_and_names_the_cpu_torch():
+    """Issue 35 item 11: command 1 installed into whatever Python was on PATH, CUDA torch included."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = readme.split("```bash\n# 1.", 1)[1].split("\n# 2.", 1)[0]
+    commands = [line for line in block.splitlines()[1:] if line.strip() and not line.lstrip().startswith("#")]
+    needed = re.search(r"--python-version (\S+)", open(os.path.join(REPO, ".ci", "install_deps.sh")).read()).group(1)
+    venv = re.fullmatch(rf"python{re.escape(needed)} -m venv (\S+) && \. (\S+)/bin/activate", commands[0])
+    assert venv and venv.group(1) == venv.group(2), commands[0]  # before any pip install, the one NVRx is built for
+    assert any("pip install" in line for line in commands[1:]), commands
+    after = " ".join(readme.split("```bash\n# 1.", 1)[1].split("```", 2)[1].split())
+    assert f"Python {needed}" in after and "CPU build" in after and "PyTorch's own package index" in after, after
+    assert not re.findall(r"://(?!pypi\.org)\S+", readme)  # no registry but PyPI named in the repo's README
