@@ -103,7 +103,8 @@ def _doctor(args) -> int:
     bundle.add_vendor_path()  # run from a bundle with COLO_SHIM unset: its wrapt is not on sys.path yet
     from colo_shim.cli import doctor
 
-    return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir)
+    return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir,
+                       verbose=args.verbose)
 
 
 def _demo(args) -> int:
@@ -147,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="show each patch's status in this environment",
                          description="Show what each patch would do in this environment, or did in a job.")
     doc.add_argument("--json", action="store_true", help="print the records as JSON instead of a table")
+    doc.add_argument("-v", "--verbose", action="store_true", help="every target on its own row and every "
+                     "cell in full (by default rows fit 160 columns)")
     doc.add_argument("--import", dest="import_targets", action="store_true",
                      help="import the installed targets, so the patches apply for real")
     doc.add_argument("--from", dest="from_dir", metavar="DIR",

@@ -46,7 +46,7 @@ def _described(help_text: str) -> dict:
 
 @pytest.mark.parametrize("command,arguments", [
     ("run", ["--patches", "--bundle", "COMMAND"]), ("bundle", ["DIR"]),
-    ("doctor", ["--json", "--import", "--from"]), ("demo", ["--mib", "--timeout", "--json"]),
+    ("doctor", ["--json", "--import", "--from", "--verbose"]), ("demo", ["--mib", "--timeout", "--json"]),
 ])
 def test_every_argument_is_described_in_help(command, arguments):
     proc = cli(command, "--help")
