@@ -158,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device",
                           description="Train, save async with NVRx, offload, reload and save again, without and "
                                       "with the shim, each in a fresh process; exit 1 when the shim's row does "
-                                      "not show the fix.")
+                                      "not show the fix, 2 when this machine or NVRx cannot show the bug.")
     demo.add_argument("--mib", type=_positive, default=None, metavar="MIB",
                       help="size of the parameters + Adam state in MiB (default 1024 on a GPU, 16 on CPU)")
     demo.add_argument("--timeout", type=_positive, default=900, metavar="SECONDS",

@@ -11,7 +11,9 @@ stall with no detected cause, reported as such.
 A first-time user waits about a minute on a small machine and then has to read a table, so the
 demo says what it is doing while it runs (the child's phases, on stderr), ends with one line
 saying which row is the good result, and exits 1 when the shim's row does not show the fix:
-a demo that reports a failure with status 0 would pass in any script that runs it.
+a demo that reports a failure with status 0 would pass in any script that runs it. Where the
+bug cannot show (an NVRx without the cached writer, refused before anything runs; a CPU run whose
+two rows are both right) it exits 2 and says so, instead of a verdict that is not true there.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ import sys
 import threading
 import time
 
-from colo_shim.cli.demo_child import HANG_EXIT, MIB, PHASE
+from colo_shim.cli.demo_child import HANG_EXIT, MIB, PHASE, nvrx_version
 from colo_shim.core import config
 
 NEEDS = {"torch": "pip install torch (on a machine without a GPU: the CPU build)",
          "nvidia_resiliency_ext": "pip install nvidia-resiliency-ext, or put an unpacked NVRx on PYTHONPATH "
                                   "(.ci/install_deps.sh puts 0.4.1-0.7.0 under .deps/nvrx-<version>)"}
 ROWS = ("no shim", "with shim")
+EXIT_NOT_HERE = 2  # this machine or this NVRx cannot show the bug: a setup answer, like a missing NVRx
+CACHED_SINCE = "0.6.0"  # the cached writer (use_cached_data_structure), the part that keeps GPU memory
+SHOWS = f"NVRx >= {CACHED_SINCE} on a GPU, or NVRx 0.7.0 on a CPU (its shared-memory path)"
 
 
 def _say(text: str) -> None:
@@ -117,6 +122,10 @@ def verdict(rows: list[dict]) -> tuple[int, str]:
         bug = "a stale checkpoint" if "error" not in without else without["error"].split(" while ")[0]
         return 0, (f"{good}: the 'with shim' row shows the fix, the 'no shim' row shows the bug ({bug}) that "
                    f"colo-shim removes")
+    if held is None:  # no GPU: 'held after offload' says nothing, and both rows are right
+        return EXIT_NOT_HERE, (f"NOT SHOWN HERE: both rows are right on this machine ({with_shim['device']}, "
+                               f"NVRx {with_shim['nvrx']}), so it cannot show what colo-shim fixes; that shows "
+                               f"with {SHOWS}")
     return 0, (f"{good}: the 'with shim' row has it; the 'no shim' row has it too on this machine "
                f"(NVRx {without['nvrx']}): compare 'held after offload', the GPU memory the writer keeps")
 
@@ -142,6 +151,12 @@ def main(args) -> int:
             print(f"colo-shim demo: error: {name} is not importable by {sys.executable}; {NEEDS[name]}",
                   file=sys.stderr)
         return 2
+    version = nvrx_version()
+    if version is not None and _older(version, CACHED_SINCE):
+        print(f"colo-shim demo: not supported here: NVRx {version} has no cached checkpoint writer (NVRx >= "
+              f"{CACHED_SINCE}), the part that keeps offloaded GPU memory, so there is no bug to show; it shows "
+              f"with {SHOWS} (.ci/install_deps.sh puts them under .deps/nvrx-<version>)", file=sys.stderr)
+        return EXIT_NOT_HERE
     if args.mib is None:
         args.mib = 1024.0 if _has_gpu() else 16.0
     _say(f"the same checkpoint cycle twice ({args.mib:g} MiB of state), each in a fresh process; about a minute")
@@ -154,6 +169,15 @@ def main(args) -> int:
         print(_table(rows))
         print(closing)
     return code
+
+
+def _older(version: str, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(than)
+    except InvalidVersion:  # a build we cannot read: let the run say what it shows
+        return False
 
 
 def _has_gpu() -> bool:

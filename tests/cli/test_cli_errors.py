@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from harness.procs import PYTHON, REPO, clean_env
-from helpers import run_python
+from helpers import deps_dir, run_python
 
 MAIN = "import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -146,6 +146,32 @@ def test_demo_exits_1_when_the_shim_row_does_not_show_the_fix(tmp_path):
     progress = [line for line in _lines(proc.stderr) if line.startswith("colo-shim demo: ")]
     assert any("with shim: starting a fresh process" in line for line in progress), proc.stderr
     assert any("importing torch and NVRx" in line for line in progress), proc.stderr
+
+
+@pytest.mark.parametrize("version", ["0.4.1", "0.5.0"])
+def test_demo_on_an_nvrx_without_the_cached_writer_says_not_supported_here(version):
+    # issue 35 item 8: on 0.4.1 the demo showed NVRx "?" and exited 0 with both rows "yes"
+    proc = cli("demo", "--mib", "1", pythonpath=(deps_dir("nvrx", version),), timeout=400)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc
+    assert _lines(proc.stderr) == [line for line in _lines(proc.stderr) if line.startswith(
+        f"colo-shim demo: not supported here: NVRx {version} has no cached checkpoint writer (NVRx >= 0.6.0)")]
+    assert "starting" not in proc.stderr  # refused before any run
+
+
+def test_demo_children_read_the_nvrx_version_beside_the_package_when_it_has_no_dunder_version():
+    code = "import nvidia_resiliency_ext as n; from colo_shim.cli.demo_child import nvrx_version as v; " \
+           "print(getattr(n, '__version__', None), v())"
+    assert run_python(code, pythonpath=(deps_dir("nvrx", "0.4.1"),)).stdout.split() == ["None", "0.4.1"]
+
+
+def test_demo_verdict_on_a_cpu_where_both_rows_are_right_says_it_cannot_show_the_bug():
+    from colo_shim.cli.demo import verdict
+
+    rows = [dict(_row(shim, held=None, equal=True), device="cpu (NVRx shm path)", nvrx="0.6.0") for shim in (0, 1)]
+    code, closing = verdict(rows)
+    assert code == 2 and closing.startswith("NOT SHOWN HERE: both rows are right on this machine (cpu (NVRx shm "
+                                            "path), NVRx 0.6.0)"), closing
+    assert "held after offload" not in closing and "NVRx 0.7.0 on a CPU" in closing, closing
 
 
 def _row(shim, **values):
