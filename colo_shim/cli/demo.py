@@ -14,6 +14,10 @@ saying which row is the good result, and exits 1 when the shim's row does not sh
 a demo that reports a failure with status 0 would pass in any script that runs it. Where the
 bug cannot show (an NVRx without the cached writer, refused before anything runs; a CPU run whose
 two rows are both right) it exits 2 and says so, instead of a verdict that is not true there.
+
+Nothing the runs write may stay behind (checkpoints are gigabytes at GPU size, and a child killed
+at the end leaves multiprocessing's pymp-* directories): the children get a TMPDIR of their own,
+one directory the demo makes and removes however it ends, SIGINT and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -51,10 +57,11 @@ def _pump(stream, sink: list, label: str | None) -> None:
             _say(f"{label}: {line[len(PHASE):].strip()}")
 
 
-def _run(shim: bool, args) -> dict:
+def _run(shim: bool, args, scratch: str) -> dict:
     label = ROWS[shim]
     cmd = [sys.executable, "-m", "colo_shim.cli.demo_child", "--mib", str(args.mib)] + (["--shim"] if shim else [])
     env = {k: v for k, v in os.environ.items() if k != config.ENABLE}  # the child installs the shim itself
+    env["TMPDIR"] = scratch  # its checkpoints, its writers' pymp-* and torch's caches: removed with it
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     _say(f"{label}: starting a fresh process")
@@ -160,7 +167,15 @@ def main(args) -> int:
     if args.mib is None:
         args.mib = 1024.0 if _has_gpu() else 16.0
     _say(f"the same checkpoint cycle twice ({args.mib:g} MiB of state), each in a fresh process; about a minute")
-    rows = [_run(False, args), _run(True, args)]
+    scratch = tempfile.mkdtemp(prefix="colo-shim-demo-")
+    here = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if here else None
+    try:  # _run kills each child's process group on the way out, before this removes what they wrote
+        rows = [_run(False, args, scratch), _run(True, args, scratch)]
+    finally:
+        if here:
+            signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(scratch, ignore_errors=True)
     code, closing = verdict(rows)
     if args.json:
         print(json.dumps(rows))
@@ -169,6 +184,11 @@ def main(args) -> int:
         print(_table(rows))
         print(closing)
     return code
+
+
+def _terminated(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so the children are ended and the scratch directory removed."""
+    raise SystemExit(128 + signum)
 
 
 def _older(version: str, than: str) -> bool:

@@ -5,6 +5,7 @@ tests/cli/test_demo.py, once): its argument and setup errors are refused before 
 and a broken NVRx is a stand-in package that fails at import, which takes seconds, not minutes.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -134,12 +135,14 @@ def test_demo_without_nvrx_says_how_to_get_it():
     assert "pip install nvidia-resiliency-ext" in proc.stderr and ".ci/install_deps.sh" in proc.stderr
 
 
-def test_demo_exits_1_when_the_shim_row_does_not_show_the_fix(tmp_path):
+def test_demo_exits_1_when_the_shim_row_does_not_show_the_fix(tmp_path, short_tmpdir):
     broken = tmp_path / "nvidia_resiliency_ext"
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ImportError('a broken NVRx build')\n")
-    proc = cli("demo", "--mib", "1", "--timeout", "300", pythonpath=(str(tmp_path),), timeout=400)
+    proc = cli("demo", "--mib", "1", "--timeout", "300", pythonpath=(str(tmp_path),), timeout=400,
+               env={"TMPDIR": short_tmpdir})
     assert proc.returncode == 1 and "Traceback" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert os.listdir(short_tmpdir) == []  # a failed demo leaves nothing behind either (issue 35 item 2)
     last = _lines(proc.stdout)[-1]
     assert last.startswith("FAILED: the 'with shim' row does not show the fix (ImportError: a broken NVRx build)")
     assert "the good result is 'checkpoint == live: yes'" in last
