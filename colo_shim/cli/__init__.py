@@ -38,7 +38,7 @@ def _off_reason(value: str, source: str) -> str | None:
         return f"--patches {value!r}" if source == "--patches" else f"{config.ENABLE}={value!r} inherited"
     names = config._names(value)
     wanted = set(FAMILIES) if any(n in config._ALL for n in names) else set(names)
-    disabled = os.environ.get(config.DISABLE, "")
+    disabled = config.raw(config.DISABLE) or ""
     if wanted and not wanted - set(config._names(disabled)):
         return f"{config.DISABLE}={disabled!r} inherited, which removes every family of {value!r}"
     return None
