@@ -4,8 +4,9 @@ Each activation path is about what a *fresh* environment does at start-up, so th
 real venvs: one with the built wheel installed (the .pth/.start activator and the vLLM entry
 point), plain ones without colo-shim or wrapt (the bundle and Ray paths), and wrapt 1.x/2.x
 trees for every supported Python. Creating them costs tens of seconds, so they live under
-COLO_SHIM_TEST_CACHE (default /tmp/colo-shim-test-cache) and are reused; the wheel itself is
-rebuilt and reinstalled whenever the sources change.
+COLO_SHIM_TEST_CACHE (default .test-cache/ in the repository: kept between runs, and out of the
+temp directory, which a test run leaves as it found it) and are reused; the wheel itself is rebuilt
+and reinstalled whenever the sources change.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ HOST_SITE = sysconfig.get_paths()["purelib"]  # the test runner's site-packages 
 
 
 def cache_root() -> str:
-    root = os.environ.get("COLO_SHIM_TEST_CACHE") or "/tmp/colo-shim-test-cache"
+    root = os.environ.get("COLO_SHIM_TEST_CACHE") or os.path.join(REPO, ".test-cache")
     os.makedirs(root, exist_ok=True)
     return root
 

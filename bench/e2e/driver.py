@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 import traceback
 
@@ -111,7 +112,8 @@ def driver(args) -> int:
            "checkpointing": async_save is not None, "nosave_steps": args.nosave_steps, "verify": bool(args.verify),
            "env": {k: v for k, v in os.environ.items() if k.startswith(("COLO_SHIM", "E2E_", "VLLM_ENABLE"))}}
     rec = Recorder(run, args.progress)
-    os.environ["E2E_ZMQ_ADDR"] = f"ipc:///tmp/colo_e2e_{os.getpid()}.sock"
+    sockets = tempfile.mkdtemp(prefix="colo_e2e_")  # the refit's ipc sockets (one per rank), removed at the end
+    os.environ["E2E_ZMQ_ADDR"] = f"ipc://{sockets}/refit.sock"
     hf_dir = os.path.join(args.work, "hf")
     from types import SimpleNamespace
 
@@ -185,6 +187,7 @@ def driver(args) -> int:
     run["mem_available_min_gib"] = round(rec.monitor.run_min_avail / GIB, 3)
     rec.write()
     shutil.rmtree(ckpt_root, ignore_errors=True)
+    shutil.rmtree(sockets, ignore_errors=True)
     print("[e2e] done", json.dumps({k: run.get(k) for k in ("name", "error")})[:2000], flush=True)
     os._exit(0)  # actors and NVRx's writer die with the session; atexit hooks must not hang the run
 

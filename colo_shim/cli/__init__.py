@@ -29,6 +29,21 @@ def _patches_error(value: str, source: str) -> str | None:
             f"({source}); valid: all, {', '.join(FAMILIES)} or a comma list of them")
 
 
+def _off_reason(value: str, source: str) -> str | None:
+    """Why the job would run with the shim off, or None: a launcher that exists to turn it on says so."""
+    from colo_shim.core import config
+    from colo_shim.core.families import FAMILIES
+
+    if value.strip().lower() in config._OFF:
+        return f"--patches {value!r}" if source == "--patches" else f"{config.ENABLE}={value!r} inherited"
+    names = config._names(value)
+    wanted = set(FAMILIES) if any(n in config._ALL for n in names) else set(names)
+    disabled = config.raw(config.DISABLE) or ""
+    if wanted and not wanted - set(config._names(disabled)):
+        return f"{config.DISABLE}={disabled!r} inherited, which removes every family of {value!r}"
+    return None
+
+
 def _bootstrap_dir(where: str | None) -> str:
     """A bundle (colo_shim + pure-Python wrapt), so interpreters of other venvs are reached too."""
     from colo_shim.cli import bundle
@@ -59,6 +74,10 @@ def _run(args) -> int:
     if error:
         print(f"colo-shim run: {error}", file=sys.stderr)
         return 2
+    off = _off_reason(value, source)
+    if off:
+        print(f"colo-shim run: colo-shim is OFF in this job ({off}): the command runs unpatched; "
+              "--patches all turns it on", file=sys.stderr)
     bootstrap = _bootstrap_dir(args.bundle)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([bootstrap] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -84,7 +103,8 @@ def _doctor(args) -> int:
     bundle.add_vendor_path()  # run from a bundle with COLO_SHIM unset: its wrapt is not on sys.path yet
     from colo_shim.cli import doctor
 
-    return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir)
+    return doctor.main(as_json=args.json, import_targets=args.import_targets, from_dir=args.from_dir,
+                       verbose=args.verbose)
 
 
 def _demo(args) -> int:
@@ -105,6 +125,7 @@ def _positive(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     import colo_shim
+    from colo_shim.core.families import FAMILIES
 
     top = argparse.ArgumentParser(prog="colo-shim", description=colo_shim.__doc__.splitlines()[0])
     top.add_argument("-V", "--version", action="version", version=f"colo-shim {colo_shim.__version__}")
@@ -113,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
                          usage="colo-shim run [-h] [--patches FAMILIES] [--bundle DIR] -- COMMAND ...",
                          description="Run COMMAND with colo-shim active in it and in every process it starts.")
     run.add_argument("--patches", metavar="FAMILIES", help="comma list of patch families: all (default, or "
-                     "COLO_SHIM when set), nvrx, megatron, vllm")
+                     f"COLO_SHIM when set), {', '.join(FAMILIES)}")
     run.add_argument("--bundle", metavar="DIR", help="where to keep the bootstrap copy of colo_shim and wrapt "
                      "(default ~/.cache/colo-shim); on several nodes, a directory all of them see")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -127,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="show each patch's status in this environment",
                          description="Show what each patch would do in this environment, or did in a job.")
     doc.add_argument("--json", action="store_true", help="print the records as JSON instead of a table")
+    doc.add_argument("-v", "--verbose", action="store_true", help="every target on its own row and every "
+                     "cell in full (by default rows fit 160 columns)")
     doc.add_argument("--import", dest="import_targets", action="store_true",
                      help="import the installed targets, so the patches apply for real")
     doc.add_argument("--from", dest="from_dir", metavar="DIR",
@@ -135,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="checkpoint fence before/after on this machine's device",
                           description="Train, save async with NVRx, offload, reload and save again, without and "
                                       "with the shim, each in a fresh process; exit 1 when the shim's row does "
-                                      "not show the fix.")
+                                      "not show the fix, 2 when this machine or NVRx cannot show the bug.")
     demo.add_argument("--mib", type=_positive, default=None, metavar="MIB",
                       help="size of the parameters + Adam state in MiB (default 1024 on a GPU, 16 on CPU)")
     demo.add_argument("--timeout", type=_positive, default=900, metavar="SECONDS",

@@ -11,7 +11,13 @@ stall with no detected cause, reported as such.
 A first-time user waits about a minute on a small machine and then has to read a table, so the
 demo says what it is doing while it runs (the child's phases, on stderr), ends with one line
 saying which row is the good result, and exits 1 when the shim's row does not show the fix:
-a demo that reports a failure with status 0 would pass in any script that runs it.
+a demo that reports a failure with status 0 would pass in any script that runs it. Where the
+bug cannot show (an NVRx without the cached writer, refused before anything runs; a CPU run whose
+two rows are both right) it exits 2 and says so, instead of a verdict that is not true there.
+
+Nothing the runs write may stay behind (checkpoints are gigabytes at GPU size, and a child killed
+at the end leaves multiprocessing's pymp-* directories): the children get a TMPDIR of their own,
+one directory the demo makes and removes however it ends, SIGINT and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -19,19 +25,24 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
-from colo_shim.cli.demo_child import HANG_EXIT, MIB, PHASE
+from colo_shim.cli.demo_child import HANG_EXIT, MIB, PHASE, nvrx_version
 from colo_shim.core import config
 
 NEEDS = {"torch": "pip install torch (on a machine without a GPU: the CPU build)",
          "nvidia_resiliency_ext": "pip install nvidia-resiliency-ext, or put an unpacked NVRx on PYTHONPATH "
                                   "(.ci/install_deps.sh puts 0.4.1-0.7.0 under .deps/nvrx-<version>)"}
 ROWS = ("no shim", "with shim")
+EXIT_NOT_HERE = 2  # this machine or this NVRx cannot show the bug: a setup answer, like a missing NVRx
+CACHED_SINCE = "0.6.0"  # the cached writer (use_cached_data_structure), the part that keeps GPU memory
+SHOWS = f"NVRx >= {CACHED_SINCE} on a GPU, or NVRx 0.7.0 on a CPU (its shared-memory path)"
 
 
 def _say(text: str) -> None:
@@ -46,10 +57,11 @@ def _pump(stream, sink: list, label: str | None) -> None:
             _say(f"{label}: {line[len(PHASE):].strip()}")
 
 
-def _run(shim: bool, args) -> dict:
+def _run(shim: bool, args, scratch: str) -> dict:
     label = ROWS[shim]
     cmd = [sys.executable, "-m", "colo_shim.cli.demo_child", "--mib", str(args.mib)] + (["--shim"] if shim else [])
     env = {k: v for k, v in os.environ.items() if k != config.ENABLE}  # the child installs the shim itself
+    env["TMPDIR"] = scratch  # its checkpoints, its writers' pymp-* and torch's caches: removed with it
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     _say(f"{label}: starting a fresh process")
@@ -117,6 +129,10 @@ def verdict(rows: list[dict]) -> tuple[int, str]:
         bug = "a stale checkpoint" if "error" not in without else without["error"].split(" while ")[0]
         return 0, (f"{good}: the 'with shim' row shows the fix, the 'no shim' row shows the bug ({bug}) that "
                    f"colo-shim removes")
+    if held is None:  # no GPU: 'held after offload' says nothing, and both rows are right
+        return EXIT_NOT_HERE, (f"NOT SHOWN HERE: both rows are right on this machine ({with_shim['device']}, "
+                               f"NVRx {with_shim['nvrx']}), so it cannot show what colo-shim fixes; that shows "
+                               f"with {SHOWS}")
     return 0, (f"{good}: the 'with shim' row has it; the 'no shim' row has it too on this machine "
                f"(NVRx {without['nvrx']}): compare 'held after offload', the GPU memory the writer keeps")
 
@@ -142,10 +158,24 @@ def main(args) -> int:
             print(f"colo-shim demo: error: {name} is not importable by {sys.executable}; {NEEDS[name]}",
                   file=sys.stderr)
         return 2
+    version = nvrx_version()
+    if version is not None and _older(version, CACHED_SINCE):
+        print(f"colo-shim demo: not supported here: NVRx {version} has no cached checkpoint writer (NVRx >= "
+              f"{CACHED_SINCE}), the part that keeps offloaded GPU memory, so there is no bug to show; it shows "
+              f"with {SHOWS} (.ci/install_deps.sh puts them under .deps/nvrx-<version>)", file=sys.stderr)
+        return EXIT_NOT_HERE
     if args.mib is None:
         args.mib = 1024.0 if _has_gpu() else 16.0
     _say(f"the same checkpoint cycle twice ({args.mib:g} MiB of state), each in a fresh process; about a minute")
-    rows = [_run(False, args), _run(True, args)]
+    scratch = tempfile.mkdtemp(prefix="colo-shim-demo-")
+    here = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if here else None
+    try:  # _run kills each child's process group on the way out, before this removes what they wrote
+        rows = [_run(False, args, scratch), _run(True, args, scratch)]
+    finally:
+        if here:
+            signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(scratch, ignore_errors=True)
     code, closing = verdict(rows)
     if args.json:
         print(json.dumps(rows))
@@ -154,6 +184,20 @@ def main(args) -> int:
         print(_table(rows))
         print(closing)
     return code
+
+
+def _terminated(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so the children are ended and the scratch directory removed."""
+    raise SystemExit(128 + signum)
+
+
+def _older(version: str, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(than)
+    except InvalidVersion:  # a build we cannot read: let the run say what it shows
+        return False
 
 
 def _has_gpu() -> bool:

@@ -26,6 +26,23 @@ HANG_EXIT = 3  # the child's exit code when its NVRx writer died while the train
 PHASE = "colo-shim demo phase: "
 
 
+def nvrx_version() -> str | None:
+    """The NVRx that `import nvidia_resiliency_ext` finds, without importing it: 0.4.1 has no
+    __version__, and metadata.version() may answer for another copy (site-packages) than the one
+    on PYTHONPATH, so the dist-info is read beside the package that would be imported."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia_resiliency_ext")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    where = os.path.dirname(list(spec.submodule_search_locations)[0])
+    for dist in importlib.metadata.distributions(path=[where]):
+        if (dist.metadata["Name"] or "").lower().replace("_", "-") == "nvidia-resiliency-ext":
+            return dist.version
+    return None
+
+
 def _phase(text: str) -> None:
     print(PHASE + text, file=sys.stderr, flush=True)
 
@@ -117,7 +134,8 @@ def cycle(mib: float, shim: bool) -> dict:
     equal = all(torch.equal(got[k], final[k].cpu()) for k in final)
     q.close()
     return {"device": torch.cuda.get_device_name(0) if gpu else "cpu (NVRx shm path)",
-            "nvrx": getattr(nvidia_resiliency_ext, "__version__", "?"), "cached": cached, "held": held,
+            "nvrx": getattr(nvidia_resiliency_ext, "__version__", None) or nvrx_version() or "unknown",
+            "cached": cached, "held": held,
             "reserved_before": reserved, "equal": equal, "seconds": time.perf_counter() - t0}
 
 

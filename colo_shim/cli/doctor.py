@@ -4,6 +4,12 @@ By default nothing is imported (safe on a login node, answers in milliseconds): 
 from metadata and module presence from the path finders. `--import` imports the targets to show
 applied / not-needed for real. Running processes write their own status to COLO_SHIM_STATUS_DIR
 at exit; `--from DIR` reads those, because the decisions that matter happen in Ray actors.
+
+Every row says what a job started with this environment would get: with COLO_SHIM unset that is
+nothing, so each row is `disabled` and its reason says what COLO_SHIM=1 would do (doctor itself
+installs the patches to find out, which must not read as the job's). The first line sums the rows
+up, because a first-time reader looks at one line; the table fits 160 columns (the targets that
+are not installed folded to one row per family), and -v or --json give every row in full.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import json
 import os
 import sys
 
+from colo_shim.cli.table import counts, fold, format_table
 from colo_shim.core import config, registry, versions
 
-COLUMNS = ("name", "target", "status", "installed_version", "supported", "calls", "reason")
 
 
 def _findable(module: str) -> bool:
@@ -47,11 +53,21 @@ def _static(record: dict, wanted: tuple) -> dict:
     elif not _findable(module):
         record["status"], record["reason"] = registry.MISSING, f"module {module} not found"
     else:
-        record["status"], record["reason"] = registry.PENDING, f"applies when {module} is imported"
+        record["status"], record["reason"] = registry.PENDING, "applies when its module is imported"
     return record
 
 
 def report(import_targets: bool = False) -> list[dict]:
+    records = _report(import_targets)
+    if config.active():
+        return records
+    for r in records:  # doctor's own install is not the job's: the job would patch nothing
+        r["if_enabled"], r["status"] = r["status"], registry.DISABLED
+        r["reason"] = f"with {config.ENABLE}=1: {r['if_enabled']}" + (f": {r['reason']}" if r["reason"] else "")
+    return records
+
+
+def _report(import_targets: bool) -> list[dict]:
     known = tuple(registry.families())
     wanted = config.requested_patches(known) if config.active() else known
     if not import_targets:
@@ -81,7 +97,7 @@ def load(directory: str) -> list[dict]:
     return processes
 
 
-def _from_dir(directory: str, as_json: bool) -> int:
+def _from_dir(directory: str, as_json: bool, verbose: bool) -> int:
     hint = (f"set {config.STATUS_DIR}={directory} in the job's environment: each activated process writes "
             "<host>-<pid>.json there at exit")
     if not os.path.isdir(directory):
@@ -100,52 +116,55 @@ def _from_dir(directory: str, as_json: bool) -> int:
             print(f"NOT active: {proc.get('python')} (Python {proc.get('python_version')}) could not import "
                   f"colo_shim: {proc['not_active']}")
         else:
-            print(format_table(proc.get("records") or []))
+            records = proc.get("records") or []
+            print(format_table(records if verbose else fold(records, config.ENABLE), verbose))
     return 0
 
 
-def _header() -> str:
-    """What processes started with this environment really patch, not just whether COLO_SHIM is set."""
+def summary(records: list[dict], fence: list[dict]) -> str:
+    """The first line: version, what a job with this environment patches, the counts, release, warnings."""
     state = config.raw(config.ENABLE)
     setting = f"{config.ENABLE}={state!r}" if state is not None else f"{config.ENABLE} unset"
     head = f"colo-shim {__import__('colo_shim').__version__}; {setting}"
+    wanted = config.requested_patches(tuple(registry.families())) if config.active() else ()
     if not config.active():
-        return f"{head} (inactive: processes with this environment patch nothing)"
-    wanted = config.requested_patches(tuple(registry.families()))
-    if not wanted:
-        return f"{head} (names no known family: processes with this environment patch nothing)"
-    return f"{head} (active: {', '.join(wanted)})"
+        head = f"{head} (inactive: a job patches nothing; with {config.ENABLE}=1: {counts(records)})"
+    elif not wanted:
+        head = f"{head} (names no known family: a job patches nothing): {counts(records)}"
+    else:
+        head = f"{head} (active: {', '.join(wanted)}): {counts(records)}"
+    configured, _, recommended = (fence[0]["status"] if fence else "unknown").partition("; recommended ")
+    warnings = [f"{n} bad {config.ENABLE}_* setting(s), on stderr" for n in [len(config.problems())] if n]
+    unknown = [n for n in config._names(state or "") if n not in config._ALL + tuple(registry.families())]
+    warnings += [f"{config.ENABLE} names unknown {', '.join(unknown)}"] if config.active() and unknown else []
+    for status in (registry.FAILED, registry.SHADOWED, registry.UNSUPPORTED):
+        found = [r for r in records if r.get("if_enabled", r["status"]) == status]
+        warnings += [f"{len(found)} target(s) {status}"] if found else []
+    if recommended and recommended != configured.split()[0]:
+        warnings.append(f"release {recommended} recommended here")
+    return f"{head}; release {configured}; " + (f"WARNING: {'; '.join(warnings)}" if warnings else "no warnings")
 
 
-def format_table(records: list[dict]) -> str:
-    rows = [[str(r.get(c) if r.get(c) is not None else "-") for c in COLUMNS] for r in records]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    details = {r["name"]: r["details"] for r in records if r.get("details")}
-    lines += [f"{name}: {json.dumps(d, default=str, sort_keys=True)}" for name, d in details.items()]
-    return "\n".join(lines)
-
-
-def main(as_json: bool = False, import_targets: bool = False, from_dir: str | None = None) -> int:
+def main(as_json: bool = False, import_targets: bool = False, from_dir: str | None = None,
+         verbose: bool = False) -> int:
     if from_dir:
-        return _from_dir(from_dir, as_json)
+        return _from_dir(from_dir, as_json, verbose)
     config.check_environment()  # a bad value or a misspelt name: one line each on stderr (strict: exit 2)
     try:
         records = report(import_targets)
-        header = _header()
     except config.ConfigError as exc:  # COLO_SHIM_STRICT=1 and a target that cannot be patched
         print(f"colo-shim doctor: error: {exc} ({config.STRICT}=1)", file=sys.stderr)
         return 2
     if as_json:
         print(json.dumps(records, indent=2, default=str))
         return 0
-    print(header)
-    print(format_table(records))
-    for title, rows in (("checkpoint fence", _fence_advice()), ("offload mirrors", _offload_advice())):
+    fence = _fence_advice()
+    print(summary(records, fence))
+    print(format_table(records if verbose else fold(records, config.ENABLE), verbose))
+    for title, rows in (("checkpoint fence", fence), ("offload mirrors", _offload_advice())):
         if rows:
             print(f"\n{title}:")
-            print(format_table(rows))
+            print(format_table(rows, verbose))
     return 0
 
 

@@ -46,13 +46,13 @@ _FAMILIES_HINT = "families are chosen by COLO_SHIM, e.g. COLO_SHIM=nvrx,megatron
 _MEANT = {"COLO_SHIM_PATCHES": _FAMILIES_HINT, "COLO_SHIM_FAMILIES": _FAMILIES_HINT, "COLO_SHIM_ENABLE": _FAMILIES_HINT}
 
 _OFF = ("", "0", "off", "false", "no")  # the .pth line and bootstrap/sitecustomize.py repeat it (tested)
-_ALL = ("1", "all")
+_ALL = ("1", "all", "true", "yes", "on")  # what a user who means "on" writes
 _said: set = set()
 _checked = False
 
 
 KNOBS = {k.name: k for k in (
-    Knob(ENABLE, "families", "", "turns the shim on in every process that inherits it: 1/all or families",
+    Knob(ENABLE, "families", "", "turns the shim on in every process that inherits it: 1/all/true/yes/on or families",
          unset="off"),
     Knob(DISABLE, "families", "", "families subtracted from COLO_SHIM", unset="none"),
     Knob(STRICT, "bool", False, "a bad value, unsupported target or failed patch stops the process (exit 2)"),
@@ -117,12 +117,15 @@ def stop(*messages: str) -> None:
     raise SystemExit(EXIT_STRICT)
 
 
-def complain(message: str, *, strict_mode: bool | None = None, fallback: str = "") -> None:
+def complain(message: str, *, strict_mode: bool | None = None, fallback: str = "", raises: bool = False) -> None:
     """One warning line per process about the environment; stop() when strict.
 
-    fallback: what applies instead, said only when the job goes on.
+    fallback: what applies instead, said only when the job goes on. raises: strict_mode is a caller's
+    argument (install(strict=True)), so that caller gets ConfigError rather than the process an exit.
     """
     if strict() if strict_mode is None else strict_mode:
+        if raises and strict_mode is not None:
+            raise ConfigError(message)
         stop(message)
     message = f"{message} ({fallback})" if fallback else message
     if message not in _said:  # the same bad value is seen at arm time and again where it is read
@@ -164,10 +167,6 @@ def raw(name: str) -> str | None:
     return os.environ.get(KNOBS[name].name)
 
 
-def status_dir() -> str:
-    return get(STATUS_DIR)
-
-
 def active() -> bool:
     """True when the environment asks for the shim; cheap, imports nothing."""
     return os.environ.get(ENABLE, "").strip().lower() not in _OFF
@@ -177,13 +176,14 @@ def _names(value: str) -> list[str]:
     return [part.strip().lower() for part in value.split(",") if part.strip()]
 
 
-def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
+def requested_patches(known: tuple[str, ...], explicit=None, strict_mode: bool | None = None) -> tuple[str, ...]:
     """Patch names to install: explicit argument, else COLO_SHIM, minus COLO_SHIM_DISABLE.
 
     An unknown name in the explicit argument is the caller's bug (ConfigError when strict); in the
-    environment it is the job's setting (one line, or stop when strict).
+    environment it is the job's setting (one line, or stop when strict). strict_mode is install()'s
+    argument, which counts at least as much as COLO_SHIM_STRICT: True raises ConfigError, False warns.
     """
-    valid = ", ".join(("0", "1", "all") + known)
+    valid = ", ".join(("0",) + _ALL + known)
     if explicit is not None:
         wanted = [explicit] if isinstance(explicit, str) else list(explicit)
         wanted = [n for w in wanted for n in _names(w)]
@@ -200,13 +200,13 @@ def requested_patches(known: tuple[str, ...], explicit=None) -> tuple[str, ...]:
         message = f"{ENABLE}={raw!r} names unknown patch(es) {', '.join(unknown)}; valid values: {valid}"
         if explicit is not None:
             message = f"install(patches={explicit!r}) names unknown patch(es) {', '.join(unknown)}; valid: {valid}"
-            if strict():
-                raise ConfigError(message)
-        complain(message, fallback=f"patching {', '.join(chosen) or 'nothing'}")
+            strict_mode = strict() if strict_mode is None else strict_mode
+        complain(message, strict_mode=strict_mode, fallback=f"patching {', '.join(chosen) or 'nothing'}", raises=True)
     bad_disabled = sorted(disabled - set(known))
     if bad_disabled:
         complain(f"{DISABLE}={os.environ.get(DISABLE)!r} names unknown patch(es) {', '.join(bad_disabled)}; "
-                 f"valid values: {', '.join(known)}", fallback="those names are ignored")
+                 f"valid values: {', '.join(known)}", strict_mode=strict_mode, fallback="those names are ignored",
+                 raises=True)
     return chosen
 
 
@@ -264,9 +264,11 @@ def problems() -> list[tuple[str, str]]:
     return out + unknown_names()
 
 
-def check_environment() -> None:
-    """Once per process, when the shim arms or installs: every knob and name, before any job code runs."""
+def check_environment(strict_mode: bool | None = None) -> None:
+    """Once per process, when the shim arms or installs: every knob and name; strict_mode: install()'s."""
     global _checked
+    if strict_mode and problems():
+        raise ConfigError("; ".join(line for line, _ in problems()))
     if _checked:
         return
     _checked = True
@@ -276,10 +278,10 @@ def check_environment() -> None:
         if value in knob.deprecated:
             deprecated(knob.name, value)
     found = problems()
-    if found and strict():
+    if found and (strict() if strict_mode is None else strict_mode):
         stop(*(line for line, _ in found))
     for line, applies in found:
-        complain(line, fallback=applies)
+        complain(line, strict_mode=False, fallback=applies)
 
 
 def configure_logging() -> None:

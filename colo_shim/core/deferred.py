@@ -35,7 +35,7 @@ def arm() -> None:
     names = config.requested_patches(FAMILIES)
     config.check_environment()
     _trigger = _Trigger({root for name in names for root in TRIGGERS[name]}, names)
-    directory = config.status_dir()
+    directory = config.get(config.STATUS_DIR)
     if directory:
         import atexit
 

@@ -128,12 +128,16 @@ def _hook(module_name: str) -> None:
 
 
 def install(patches=None, strict=None) -> list[dict]:
-    """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread."""
-    strict = config.strict() if strict is None else bool(strict)
-    config.check_environment()
+    """Enable patches (default: COLO_SHIM, else all); safe to call repeatedly from any thread.
+
+    strict, when given, decides over COLO_SHIM_STRICT: a caller's argument is never worth less than the environment.
+    """
+    asked = None if strict is None else bool(strict)
+    strict = config.strict() if asked is None else asked
+    config.check_environment(asked)
     config.configure_logging()
     known = families()
-    names = config.requested_patches(tuple(known), patches)
+    names = config.requested_patches(tuple(known), patches, asked)
     with _lock:
         _enabled.update(names)
         for state in _states.values():

@@ -4,11 +4,21 @@ Without the shim the save after reload hangs: the fresh NVRx writer dies on a ca
 the trainer waits in preload_q.join(). The demo must report that cause (the writer's exit and its
 "Worker cache miss" traceback), however slow the machine is; its --timeout is only a safety
 limit whose message says no cause was detected, so a slow run can never pass for a hang.
+Whether it ends well, fails or is interrupted, it leaves nothing in the temp directory (issue 35
+item 2): each run here gets a fresh TMPDIR (tests/conftest.py's short_tmpdir), listed afterwards.
 """
+
+import os
+import re
+import signal
+import subprocess
 
 import pytest
 
+from harness.procs import PYTHON, REPO, clean_env
 from helpers import deps_dir, run_python
+
+MAIN = "import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))"
 
 pytestmark = pytest.mark.timeout(1500)  # a safety limit only; a loaded 2-core VM takes minutes
 
@@ -18,10 +28,11 @@ def _rows(stdout: str) -> dict:
             for line in stdout.splitlines() if "|" in line}
 
 
-def test_demo_shows_the_hang_by_its_cause_without_and_an_equal_checkpoint_with_the_shim():
-    proc = run_python("import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))",
-                      args=("demo", "--mib", "1", "--timeout", "600"), pythonpath=(deps_dir("nvrx", "0.7.0"),),
-                      timeout=1300)  # exit 0 checked by run_python: the shim's row shows the fix
+def test_demo_shows_the_hang_by_its_cause_without_and_an_equal_checkpoint_with_the_shim(short_tmpdir):
+    temp = short_tmpdir
+    proc = run_python(MAIN, args=("demo", "--mib", "1", "--timeout", "600"), pythonpath=(deps_dir("nvrx", "0.7.0"),),
+                      env={"TMPDIR": temp}, timeout=1300)  # exit 0 checked: the shim's row shows the fix
+    assert sorted(os.listdir(temp)) == []  # no checkpoints, no pymp-* of the killed writers, no torchinductor_*
     rows = _rows(proc.stdout)
     closing = proc.stdout.splitlines()[-1]
     assert closing.startswith("the good result is 'checkpoint == live: yes': the 'with shim' row shows the fix, "
@@ -39,3 +50,53 @@ def test_demo_shows_the_hang_by_its_cause_without_and_an_equal_checkpoint_with_t
     assert rows["with shim"][4] == "yes", proc.stdout
     assert rows["with shim"][0] == "cpu (NVRx shm path)" and rows["with shim"][1] == "0.7.0", proc.stdout
 
+
+
+def _end_children_of(temp: str) -> None:
+    """Safety net: a demo that died without ending its children (their own session) leaves them running."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                tmpdir = next((v[7:] for v in fh.read().split(b"\0") if v.startswith(b"TMPDIR=")), b"")
+            if tmpdir.decode(errors="replace").startswith(temp):
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_demo_leaves_nothing_in_the_temp_directory(short_tmpdir, signum, code):
+    temp = short_tmpdir
+    env = clean_env(PYTHONPATH=os.pathsep.join([REPO, deps_dir("nvrx", "0.7.0")]), TMPDIR=temp)
+    proc = subprocess.Popen([PYTHON, "-c", MAIN, "demo", "--mib", "1"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:  # the first save is done and its writer runs: checkpoint and pymp-* exist
+            seen.append(line)
+            if "no shim: train step 2" in line:
+                proc.send_signal(signum)
+                break
+        out, err = proc.communicate(timeout=300)  # a safety limit only
+    finally:
+        proc.kill()
+        _end_children_of(temp)
+    assert any("no shim: train step 2" in line for line in seen), "".join(seen) + err
+    assert proc.returncode == code, (proc.returncode, out, err)
+    assert "Traceback" not in err, err
+    assert sorted(os.listdir(temp)) == []
+
+
+def test_readme_command_1_installs_into_a_venv_of_the_python_the_demo_needs_and_names_the_cpu_torch():
+    """Issue 35 item 11: command 1 installed into whatever Python was on PATH, CUDA torch included."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = readme.split("```bash\n# 1.", 1)[1].split("\n# 2.", 1)[0]
+    commands = [line for line in block.splitlines()[1:] if line.strip() and not line.lstrip().startswith("#")]
+    needed = re.search(r"--python-version (\S+)", open(os.path.join(REPO, ".ci", "install_deps.sh")).read()).group(1)
+    venv = re.fullmatch(rf"python{re.escape(needed)} -m venv (\S+) && \. (\S+)/bin/activate", commands[0])
+    assert venv and venv.group(1) == venv.group(2), commands[0]  # before any pip install, the one NVRx is built for
+    assert any("pip install" in line for line in commands[1:]), commands
+    after = " ".join(readme.split("```bash\n# 1.", 1)[1].split("```", 2)[1].split())
+    assert f"Python {needed}" in after and "CPU build" in after and "PyTorch's own package index" in after, after
+    assert not re.findall(r"://(?!pypi\.org)\S+", readme)  # no registry but PyPI named in the repo's README

@@ -91,5 +91,5 @@ def test_doctor_runs_from_the_bundle_alone_with_colo_shim_unset(bundle_dir):
     # the bootstrap adds the bundled wrapt only when COLO_SHIM is set; doctor needs it anyway
     proc = run_in(venv_python(plain_venv()), "import runpy; runpy.run_module('colo_shim', run_name='__main__')",
                   env={"PYTHONPATH": bundle_dir}, args=["doctor"])
-    assert proc.stdout.splitlines()[0].endswith("(inactive: processes with this environment patch nothing)")
+    assert "COLO_SHIM unset (inactive: a job patches nothing; " in proc.stdout.splitlines()[0], proc.stdout
     assert proc.stdout.splitlines()[1].split()[:3] == ["name", "target", "status"], proc.stdout

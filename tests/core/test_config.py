@@ -3,6 +3,8 @@
 Bad values of every knob, strict or not, and misspelt names: tests/core/test_knobs.py.
 """
 
+import json
+
 import pytest
 
 from helpers import TARGETS, last_json, run_python
@@ -17,7 +19,8 @@ PROBE = """
 
 @pytest.mark.parametrize("value,expected", [
     ("1", ["megatron", "nvrx", "offload", "vllm"]), ("all", ["megatron", "nvrx", "offload", "vllm"]),
-    (" ALL ", ["megatron", "nvrx", "offload", "vllm"]),
+    (" ALL ", ["megatron", "nvrx", "offload", "vllm"]), ("true", ["megatron", "nvrx", "offload", "vllm"]),
+    ("Yes", ["megatron", "nvrx", "offload", "vllm"]), ("ON", ["megatron", "nvrx", "offload", "vllm"]),
     ("nvrx", ["nvrx"]), ("vllm, megatron", ["megatron", "vllm"]), ("0", []), ("", []),
 ])
 def test_colo_shim_selects_patches(value, expected):
@@ -34,6 +37,37 @@ def test_unset_means_off_and_imports_nothing_heavy():
     """)
     assert last_json(child) == []
     assert child.stderr == ""
+
+
+STRICT_ARGUMENT = """
+    import json, sys, colo_shim
+    from colo_shim.core import config, registry
+    try:
+        colo_shim.install(patches=json.loads(sys.argv[1]), strict=json.loads(sys.argv[2]))
+        print(json.dumps(["installed", sorted(registry._enabled)]))
+    except config.ConfigError as exc:
+        print(json.dumps(["refused", str(exc)]))
+"""
+
+
+@pytest.mark.parametrize("patches,env,says", [
+    (["nope"], {}, "install(patches=['nope']) names unknown patch(es) nope"),
+    (["nope"], {"COLO_SHIM_STRICT": "0"}, "install(patches=['nope']) names unknown patch(es) nope"),
+    (None, {"COLO_SHIM": "nvrx,nope"}, "COLO_SHIM='nvrx,nope' names unknown patch(es) nope"),
+    (["nvrx"], {"COLO_SHIM_DISCARD": "maybe"}, "COLO_SHIM_DISCARD='maybe' is not valid"),
+    (["nvrx"], {"COLO_SHIM_DISABLE": "nope"}, "COLO_SHIM_DISABLE='nope' names unknown patch(es) nope"),
+])
+def test_install_strict_argument_counts_as_much_as_the_environment(patches, env, says):
+    # the caller's strict=True raises to that caller, whatever COLO_SHIM_STRICT says (issue 35, item 1)
+    child = run_python(STRICT_ARGUMENT, args=(json.dumps(patches), "true"), env=env)
+    verdict, message = last_json(child)
+    assert verdict == "refused" and message.startswith(says), (verdict, message, child.stderr)
+
+
+def test_install_strict_false_argument_only_warns_under_a_strict_environment():
+    child = run_python(STRICT_ARGUMENT, args=('["nope"]', "false"), env={"COLO_SHIM_STRICT": "1"})
+    assert last_json(child) == ["installed", []]
+    assert "install(patches=['nope']) names unknown patch(es) nope" in child.stderr, child.stderr
 
 
 def test_disable_list_wins():

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -45,10 +47,21 @@ def pythonpath(nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = No
 
 def run(name: str, opts: dict, *, nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = None,
         timeout: float = 90, env: dict | None = None, until=None, script: str = SCENARIO) -> Outcome:
-    """until(stdout, stderr) -> bool stops early (and kills) once a condition is seen."""
-    full_env = clean_env(**(env or {}))
+    """until(stdout, stderr) -> bool stops early (and kills) once a condition is seen.
+
+    The scenario gets a TMPDIR of its own, removed with its output once it and its workers are
+    killed: its checkpoint directories and the killed workers' pymp-* go with it."""
+    scratch = tempfile.mkdtemp(prefix="s")
+    try:
+        return _run(name, opts, nvrx, mcore, doubles, timeout, dict(env or {}, TMPDIR=scratch), until, script)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(name, opts, nvrx, mcore, doubles, timeout, env, until, script) -> Outcome:
+    full_env = clean_env(**env)
     full_env["PYTHONPATH"] = pythonpath(nvrx, mcore, doubles)
-    out_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"colo_scn_{os.getpid()}_{time.monotonic_ns()}")
+    out_path = os.path.join(env["TMPDIR"], "scenario")
     with open(out_path + ".out", "w+") as out, open(out_path + ".err", "w+") as err:
         proc = subprocess.Popen([PYTHON, script, name, json.dumps(opts)], stdout=out, stderr=err, env=full_env,
                                 cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL)
@@ -68,11 +81,8 @@ def run(name: str, opts: dict, *, nvrx: str, mcore: str | None = "0.19.2", doubl
             except ProcessLookupError:
                 pass
             proc.wait()
-        outcome = Outcome(None if timed_out else proc.returncode, _read(out_path + ".out"),
-                          _read(out_path + ".err"), timed_out)
-    for suffix in (".out", ".err"):
-        os.unlink(out_path + suffix)
-    return outcome
+        return Outcome(None if timed_out else proc.returncode, _read(out_path + ".out"), _read(out_path + ".err"),
+                       timed_out)
 
 
 def _read(path: str) -> str:

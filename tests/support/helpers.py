@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import textwrap
 
 from harness.procs import PYTHON, REPO, clean_env, succeeded
@@ -42,6 +44,8 @@ def run_python(code_or_path: str, *, pythonpath=(), env=None, timeout: float = 1
     """Run code (or a .py file) in a fresh interpreter with REPO first on PYTHONPATH.
 
     env: extra variables on top of clean_env(); check: raise with the child's output on failure.
+    Unless env names one, the child gets a TMPDIR of its own, removed when it ends: what it and
+    its children leave there (checkpoints, a killed NVRx writer's pymp-*) goes with it.
     """
     full_env = clean_env(**(env or {}))
     paths = [REPO, *pythonpath]
@@ -52,7 +56,14 @@ def run_python(code_or_path: str, *, pythonpath=(), env=None, timeout: float = 1
         cmd = [python, code_or_path, *args]
     else:
         cmd = [python, "-c", textwrap.dedent(code_or_path), *args]
-    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+    scratch = None if "TMPDIR" in (env or {}) else tempfile.mkdtemp(prefix="c")
+    if scratch:
+        full_env["TMPDIR"] = scratch
+    try:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     if check:
         succeeded(proc)
     return proc
