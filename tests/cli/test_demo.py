@@ -64,13 +64,19 @@ def _end_children_of(temp: str) -> None:
             pass
 
 
+
+def _as_from_a_terminal():
+    """SIGINT as a shell gives it: xdist's workers ignore it, and an ignored SIGINT is inherited, so
+    the demo would never see the interrupt this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)],
                          ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_demo_leaves_nothing_in_the_temp_directory(short_tmpdir, signum, code):
     temp = short_tmpdir
     env = clean_env(PYTHONPATH=os.pathsep.join([REPO, deps_dir("nvrx", "0.7.0")]), TMPDIR=temp)
     proc = subprocess.Popen([PYTHON, "-c", MAIN, "demo", "--mib", "1"], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     try:
         seen = []
         for line in proc.stderr:  # the first save is done and its writer runs: checkpoint and pymp-* exist

@@ -124,7 +124,11 @@ def test_ranks_that_know_only_their_rank_share_one_node_budget(ranks):
     # `colo-shim doctor` on the node, in the job's environment, reads the ledger while the job runs
     proc = run_python("import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))",
                       args=("doctor",), env=node.env, timeout=120)
-    row = next(line for line in proc.stdout.splitlines() if "(host budget per node)" in line)
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "(host budget per node)" in line)
+    rest = lines[at + 1:]
+    wrapped = rest[:next((i for i, x in enumerate(rest) if not x.startswith(" ")), len(rest))]
+    row = " ".join([lines[at]] + [x.strip() for x in wrapped])  # doctor wraps long reasons at 160 columns
     assert " 0.0 GiB " in row and "3 processes hold 0.0 GiB" in row and f"fixed by pid {holder_pid}" in row, row
     assert "offloads over the budget: 4, each took the original path" in row, row
     node.leave()
