@@ -5,7 +5,9 @@ trainer), three of them because reading a 14 GiB checkpoint back takes 25-30 s o
 longer than a fast step: with two, and two on disk, the next save waited 10-17 s per step for a
 verifier (calls 14-16's instrument_s), device time that bought nothing; each reads
 a checkpoint back with bench/ckpt_compare.py's compare() against the fingerprints of the live state
-taken when the save was scheduled.
+taken when the save was scheduled. The CPU smoke's checkpoints are kilobytes: one verifier reads them
+as fast as three, and each verifier is a fresh interpreter importing torch (a second's CPU or more),
+so the tiny size starts one (driver.SIZES).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Checkpointer:
     after save_checkpoint returns, `order="after"` right after the next offload_before_refit (the
     Recorder calls after_offload), each timed into the step record as `main_finalize_s`."""
 
-    def __init__(self, root, recorder, order=None):
+    def __init__(self, root, recorder, order=None, verifiers=VERIFIERS):
         import multiprocessing as mp
 
         self.root, self.rec, self.pending, self.on_disk = root, recorder, None, []
@@ -59,7 +61,7 @@ class Checkpointer:
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.procs = [ctx.Process(target=_verify_loop, args=(self.inbox, self.outbox), daemon=True)
-                      for _ in range(VERIFIERS)]
+                      for _ in range(verifiers)]
         for proc in self.procs:
             proc.start()
         self.waiting = {}

@@ -10,7 +10,7 @@ import shutil
 import time
 import traceback
 
-from bench.e2e.checkpoints import Checkpointer
+from bench.e2e.checkpoints import VERIFIERS, Checkpointer
 from bench.e2e.record import GIB, Instrumented, Monitor, Recorder, Timer
 
 # stage, stage_nopin and main3322_stage measured the stage release, retired in issue 22: their
@@ -36,7 +36,7 @@ SIZES = {  # model, rollout and engine shapes
                   prompt_len=16, new_tokens=32, micro_batch=8, max_num_seqs=32),
     "tiny": dict(sizes=dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                             ffn_hidden_size=128), vocab=256, max_seq=64, prompts=2, generations=2,
-                 prompt_len=8, new_tokens=8, micro_batch=4, max_num_seqs=8),
+                 prompt_len=8, new_tokens=8, micro_batch=4, max_num_seqs=8, verifiers=1),
 }
 
 
@@ -122,7 +122,7 @@ def driver(args) -> int:
     from nemo_rl.algorithms import grpo
 
     try:
-        checkpointer = Checkpointer(ckpt_root, rec, order=args.order)
+        checkpointer = Checkpointer(ckpt_root, rec, order=args.order, verifiers=sz.get("verifiers", VERIFIERS))
         rec.checkpointer = checkpointer
         cluster = Cluster(rec, run)
         t0 = time.perf_counter()
