@@ -5,7 +5,9 @@ trainer), three of them because reading a 14 GiB checkpoint back takes 25-30 s o
 longer than a fast step: with two, and two on disk, the next save waited 10-17 s per step for a
 verifier (calls 14-16's instrument_s), device time that bought nothing; each reads
 a checkpoint back with bench/ckpt_compare.py's compare() against the fingerprints of the live state
-taken when the save was scheduled.
+taken when the save was scheduled. The CPU smoke's checkpoints are kilobytes: one verifier reads them
+as fast as three, and each verifier is a fresh interpreter importing torch (a second's CPU or more),
+so the tiny size starts one (driver.SIZES).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Checkpointer:
     so the next save's finalize finds less to wait for than a job would (calls 17-22: step 4's
     finalize 0.02 s after a 14.7 s verifier wait, against 8.7 s in steps 2 and 3)."""
 
-    def __init__(self, root, recorder, order=None, verify=True):
+    def __init__(self, root, recorder, order=None, verify=True, verifiers=VERIFIERS):
         import multiprocessing as mp
 
         self.root, self.rec, self.pending, self.on_disk = root, recorder, None, []
@@ -67,7 +69,7 @@ class Checkpointer:
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.procs = [ctx.Process(target=_verify_loop, args=(self.inbox, self.outbox), daemon=True)
-                      for _ in range(VERIFIERS if verify else 0)]
+                      for _ in range(verifiers if verify else 0)]
         for proc in self.procs:
             proc.start()
         self.waiting = {}

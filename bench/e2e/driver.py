@@ -11,7 +11,7 @@ import tempfile
 import time
 import traceback
 
-from bench.e2e.checkpoints import Checkpointer
+from bench.e2e.checkpoints import VERIFIERS, Checkpointer
 from bench.e2e.hostmem import Monitor
 from bench.e2e.record import GIB, Instrumented, Recorder, Timer
 
@@ -50,7 +50,7 @@ SIZES = {  # model, rollout and engine shapes
                                            num_query_groups=8, ffn_hidden_size=8192)),
     "tiny": dict(sizes=dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                             ffn_hidden_size=128), vocab=256, max_seq=64, prompts=2, generations=2,
-                 prompt_len=8, new_tokens=8, micro_batch=4, max_num_seqs=8),
+                 prompt_len=8, new_tokens=8, micro_batch=4, max_num_seqs=8, verifiers=1),
 }
 
 
@@ -139,7 +139,8 @@ def driver(args) -> int:
 
     try:
         if async_save is not None:  # the no-save modes have no checkpointer at all (no verifier processes)
-            checkpointer = Checkpointer(ckpt_root, rec, order=args.order, verify=bool(args.verify))
+            checkpointer = Checkpointer(ckpt_root, rec, order=args.order, verify=bool(args.verify),
+                                        verifiers=sz.get("verifiers", VERIFIERS))
         rec.checkpointer = checkpointer
         cluster = Cluster(rec, run)
         t0 = time.perf_counter()

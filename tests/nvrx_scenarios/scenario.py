@@ -13,6 +13,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_KEPT = []  # queues whose close must not run before the result is printed
 
 
 def _setup(opts):
@@ -131,6 +132,9 @@ def timeout(opts):
     import colo_shim
 
     q = cs.make_queue(shm=True)
+    # kept past the return: NVRx's __del__ would close the queue there, which waits out the 20 s write;
+    # the process exits without it once the result is out (see __main__)
+    _KEPT.append(q)
     _slow_request(cs, q, _state(3), tempfile.mkdtemp() + "/t", "sleep", seconds=20)
     t0 = time.monotonic()
     try:
