@@ -22,6 +22,7 @@ one directory the demo makes and removes however it ends, SIGINT and SIGTERM inc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -103,11 +104,49 @@ def _result(shim: bool, code: int, out: str, err: str) -> dict:
     return dict(json.loads(lines[-1]), shim=shim)
 
 
-def _kill_group(proc) -> None:
+def _group(pgid: int) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != b"Z":  # a zombie holds nothing; its parent reaps it
+                found.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _is_tracker(pid: int) -> bool:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"resource_tracker" in fh.read()
+    except OSError:
+        return False
+
+
+def _kill_group(proc) -> None:
+    """End what the child left in its process group: NVRx writers keep its pipes open. All but
+    multiprocessing's resource tracker: it unlinks the named semaphores of queues whose owner was
+    killed (else they stay in /dev/shm) and exits by itself once nobody holds its pipe."""
+    if not os.path.isdir("/proc"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    trackers = []
+    for pid in _group(proc.pid):
+        if _is_tracker(pid):
+            trackers.append(pid)
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30.0  # a safety limit: the tracker ends as soon as its pipe closes
+    while trackers and time.monotonic() < deadline:
+        trackers = [pid for pid in trackers if pid in _group(proc.pid)]
+        time.sleep(0.02)
+    for pid in trackers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _fmt_bytes(n) -> str:

@@ -106,3 +106,42 @@ def test_readme_command_1_installs_into_a_venv_of_the_python_the_demo_needs_and_
     after = " ".join(readme.split("```bash\n# 1.", 1)[1].split("```", 2)[1].split())
     assert f"Python {needed}" in after and "CPU build" in after and "PyTorch's own package index" in after, after
     assert not re.findall(r"://(?!pypi\.org)\S+", readme)  # no registry but PyPI named in the repo's README
+
+
+OWNER = """
+import multiprocessing as mp, os, sys, time
+def hold(q):
+    time.sleep(3600)
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ctx.Process(target=hold, args=(q,), daemon=True).start()
+    names = [q._rlock._semlock.name, q._wlock._semlock.name, q._sem._semlock.name]
+    print(" ".join(n.lstrip("/") for n in names), flush=True)
+    os._exit(0)  # no cleanup: as a child whose writer hangs, ended by the demo
+"""
+
+
+def test_the_demo_ends_its_childs_group_but_lets_the_resource_tracker_unlink_the_semaphores(tmp_path):
+    """Issue 35 item 2: killing the child's whole group (its resource tracker too) left each run's
+    queue semaphores in /dev/shm (19 per demo run on main). The tracker is spared and unlinks them."""
+    from colo_shim.cli import demo
+
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=clean_env())
+    names = proc.stdout.readline().split()
+    proc.wait(timeout=120)  # a safety limit only
+    try:
+        assert len(names) == 3 and all(os.path.exists(f"/dev/shm/sem.{n}") for n in names), names
+        assert any(demo._is_tracker(pid) for pid in demo._group(proc.pid))  # the writer and the tracker live on
+        demo._kill_group(proc)
+        assert demo._group(proc.pid) == []
+        assert [n for n in names if os.path.exists(f"/dev/shm/sem.{n}")] == []
+    finally:
+        for pid in demo._group(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        for n in names:
+            if os.path.exists(f"/dev/shm/sem.{n}"):
+                os.unlink(f"/dev/shm/sem.{n}")
