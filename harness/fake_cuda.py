@@ -6,7 +6,8 @@ so without a stand-in every offload would be a no-op with or without colo-shim. 
 `.to("cuda")` and factories with `device="cuda"` copy into fresh CPU storage marked as the
 device's, and so do `zeros_like(t)` and the other `*_like` factories of a device tensor (Adam makes
 its moments that way in its first step); `.cpu()` / `.to("cpu")` copy a marked tensor into
-unmarked storage; `is_cuda` and `device` read the mark; `pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
+unmarked storage; `is_cuda` and `device` read the mark (and its index: `.to("cuda:1")`, `.cuda(1)`);
+`pin_memory()` copies and marks the copy pinned; torch.cuda.is_available()
 says True (so NeMo-RL's doubles move to "cuda"). Values are real CPU bytes, so every copy is checked
 bit for bit. The real code of megatron-core, NeMo-RL's doubles and colo-shim runs unchanged; only
 torch's answers differ.
@@ -26,15 +27,18 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _device: dict = {}  # id(storage) -> weakref(storage): storages "on the device"
+_index: dict = {}  # id(storage) -> the device's index, for storages on one other than cuda:0
 _pinned: dict = {}
 IS_CUDA = torch.Tensor.is_cuda.__get__
 DEVICE = torch.Tensor.device.__get__
 LIKE = {torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like, torch.randn_like}
 
 
-def _mark(table, t):
+def _mark(table, t, index=0):
     storage = t.untyped_storage()
     table[id(storage)] = weakref.ref(storage)
+    if table is _device:
+        _index[id(storage)] = index
     return t
 
 
@@ -65,6 +69,13 @@ def _kind(device):
     return device.type if isinstance(device, torch.device) else None
 
 
+def _number(device) -> int:
+    """The index "cuda:1", torch.device("cuda", 1) or 1 names; a bare "cuda" is 0 (no current device here)."""
+    if isinstance(device, int):
+        return device
+    return (torch.device(device) if isinstance(device, str) else device).index or 0
+
+
 class FakeCuda(TorchFunctionMode):
     def __init__(self, build=False):
         super().__init__()
@@ -85,11 +96,11 @@ class FakeCuda(TorchFunctionMode):
         if func == IS_CUDA:
             return on_device(args[0])
         if func == DEVICE:
-            return torch.device("cuda", 0) if on_device(args[0]) else func(*args)
+            return torch.device("cuda", _index[id(args[0].untyped_storage())]) if on_device(args[0]) else func(*args)
         if self.build and func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return func(*args).replace("torch.", "torch.cuda.", 1)
         if func is torch.Tensor.cuda:
-            return _mark(_device, args[0].clone())
+            return _mark(_device, args[0].clone(), _number(args[1] if len(args) > 1 else kwargs.get("device", 0)))
         if func is torch.Tensor.cpu:
             return args[0].clone() if on_device(args[0]) else args[0]
         if func is torch.Tensor.pin_memory:
@@ -99,10 +110,10 @@ class FakeCuda(TorchFunctionMode):
         if func is torch.Tensor.to:
             return self._to(func, args, kwargs)
         if func in LIKE and "device" not in kwargs and args and on_device(args[0]):  # zeros_like(p): p's device
-            return _mark(_device, func(*args, **kwargs))
+            return _mark(_device, func(*args, **kwargs), _index[id(args[0].untyped_storage())])
         if _kind(kwargs.get("device")) == "cuda":  # factories: torch.tensor(..., device="cuda"), empty_like, ...
-            kwargs["device"] = "cpu"
-            return _mark(_device, func(*args, **kwargs))
+            index, kwargs["device"] = _number(kwargs["device"]), "cpu"
+            return _mark(_device, func(*args, **kwargs), index)
         return func(*args, **kwargs)
 
     @staticmethod
@@ -113,7 +124,8 @@ class FakeCuda(TorchFunctionMode):
             device = rest.pop(0)
         kind = _kind(device)
         if kind == "cuda":
-            return src if on_device(src) and not kwargs.get("copy") else _mark(_device, src.clone())
+            same = on_device(src) and _index[id(src.untyped_storage())] == _number(device)
+            return src if same and not kwargs.get("copy") else _mark(_device, src.clone(), _number(device))
         if kind == "cpu":
             return src.clone() if on_device(src) or kwargs.get("copy") else src
         return func(src, *rest, **kwargs)
@@ -127,7 +139,7 @@ class PageLocks:
 
     def __init__(self, fail=False):
         self.fail, self.locked, self.registrations, self.unregistrations, self.syncs = fail, {}, 0, 0, 0
-        self.fail_background, self.gate, self.blocked, self.calls = False, None, 0, []
+        self.fail_background, self.gate, self.blocked, self.calls, self.synced = False, None, 0, [], []
         self.lock = threading.Lock()
         self.cv = threading.Condition(self.lock)
 
@@ -155,6 +167,8 @@ class PageLocks:
             del self.locked[ptr]
             self.unregistrations += 1
 
-    def synchronize(self):
+    def synchronize(self, device=None):
+        """device: as torch.cuda.synchronize takes it (None: the current one); `synced` keeps each in order."""
         with self.lock:
             self.syncs += 1
+            self.synced.append(device)

@@ -7,7 +7,8 @@ What the NVRx patch does, wrapper by wrapper (facts per version in docs/checkpoi
   sent with data (what a drop must free) and its bytes (named while the fence waits). It wraps the save's preload_fn
   (worker.Preload: the writer's side door, door.py) and, once `save` returned (the copy to host is done), drops the
   trainer's own references to the CUDA tensors it sent, so that a write in flight pins no replaced storage on either
-  side. It (re)installs NVRx's shm drain (shm_drain.py); a dead worker never hangs it (watch.py).
+  side. It (re)installs NVRx's shm drain (shm_drain.py); a dead worker never hangs it (watch.py). A host tensor
+  on pages colo-shim page-locked (an offloaded optimizer's mirror) is sent as a copy (issue 32 item 5).
 - AsyncCallsQueue.maybe_finalize_async_calls: serialized with the fence (state.lock), so a host thread
   finalizing (NeMo-RL's background finalizer) and the fence never race; a dead worker is replaced first.
 - PersistentAsyncCaller.is_current_async_call_done: a drop marker that arrives late (opt-in
@@ -29,7 +30,7 @@ import logging
 import queue as _queue
 import sys
 
-from colo_shim.core import guard
+from colo_shim.core import cudahost, guard
 from colo_shim.core.registry import Patch, Target
 from colo_shim.checkpoint import door, release, shm_drain, state, watch, worker
 
@@ -109,6 +110,7 @@ def _schedule(wrapped, instance, args, kwargs):
     preload, reused = None, ()
     try:
         request = args[0] if args else kwargs.get("async_request")
+        guard.step("nvrx: copy page-locked host tensors", _copy_pinned, request)
         acc = _scan((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())))
         shm_drain.ensure_drain()
         if getattr(instance, "persistent", False):
@@ -135,6 +137,17 @@ def _schedule(wrapped, instance, args, kwargs):
     if preload is not None and preload.fn is not None:  # schedule returned after the worker's copy to host
         guard.step("nvrx: drop the trainer's references of a scheduled save", _forget, preload)
     return result
+
+
+def _copy_pinned(request) -> int:
+    """Host tensors on pages colo-shim page-locked (offload mirrors) go to the worker as copies: NVRx < 0.6
+    sends a host tensor that fills its storage as it is, and torch's queue moves that storage into shared
+    memory in place, so the mirror would keep pageable pages and its page-locked ones stay registered."""
+    if not cudahost.pinned:
+        return 0
+    return worker.swap((getattr(request, "preload_fn", None), getattr(request, "async_fn_args", ())),
+                       lambda t: t.device.type == "cpu" and t.untyped_storage().data_ptr() in cudahost.pinned,
+                       lambda t: t.clone())
 
 
 def _forget(preload) -> None:

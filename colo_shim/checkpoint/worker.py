@@ -61,35 +61,40 @@ def _tensors(obj, out, depth=0):
     return out
 
 
-def strip(obj, cuda_only: bool = True, tuples: bool = True, depth: int = 0) -> int:
+def strip(obj, cuda_only: bool = True, tuples: bool = True) -> int:
     """Replace tensors (CUDA only, or all) inside the mutable lists of obj by None; how many.
 
     With tuples, a (key, tensor) tuple inside a list is replaced by the same tuple without the
     tensor, which is how NVRx < 0.6 write buckets hold their tensors."""
+    return swap(obj, lambda t: not cuda_only or t.device.type == "cuda", lambda t: None, tuples)
+
+
+def swap(obj, pick, new, tuples: bool = True, depth: int = 0) -> int:
+    """Replace each tensor that pick(tensor) selects inside the mutable lists of obj by new(tensor)."""
     torch = sys.modules.get("torch")
     if torch is None or depth > 10:
         return 0
     if isinstance(obj, functools.partial):
-        return strip(obj.args, cuda_only, tuples, depth + 1) + strip(obj.keywords, cuda_only, tuples, depth + 1)
+        return swap(obj.args, pick, new, tuples, depth + 1) + swap(obj.keywords, pick, new, tuples, depth + 1)
     if isinstance(obj, dict):
-        return sum(strip(v, cuda_only, tuples, depth + 1) for v in obj.values())
+        return sum(swap(v, pick, new, tuples, depth + 1) for v in obj.values())
     if not isinstance(obj, (list, tuple)):
         return 0
 
     def gone(t):
-        return isinstance(t, torch.Tensor) and (not cuda_only or t.device.type == "cuda")
+        return isinstance(t, torch.Tensor) and pick(t)
 
-    dropped = 0
+    swapped = 0
     for i, item in enumerate(obj):
         if gone(item) and isinstance(obj, list):
-            obj[i] = None
-            dropped += 1
+            obj[i] = new(item)
+            swapped += 1
         elif tuples and isinstance(item, tuple) and isinstance(obj, list) and any(gone(x) for x in item):
-            obj[i] = tuple(None if gone(x) else x for x in item)
-            dropped += 1
+            obj[i] = tuple(new(x) if gone(x) else x for x in item)
+            swapped += 1
         elif not isinstance(item, torch.Tensor):
-            dropped += strip(item, cuda_only, tuples, depth + 1)
-    return dropped
+            swapped += swap(item, pick, new, tuples, depth + 1)
+    return swapped
 
 
 def _requests_hold() -> list:

@@ -4,12 +4,18 @@ Fixes page-lock host buffers they did not allocate through torch (NVRx's /dev/sh
 buffers, the offload family's mirrors) with cudaHostRegister, so that copies into them run at the
 link's speed. Tests replace an instance of this class with a recorder; the GPU runs exercise it
 for real. torch is never imported here: a process that has not imported it has nothing to lock.
+
+`pinned` holds the address of every buffer a fix page-locked: a host tensor whose storage starts
+there must never be handed to torch.multiprocessing as it is (pickling moves a CPU storage into
+shared memory in place, leaving the registered pages behind), so the checkpoint fix sends a copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+
+pinned: set = set()  # addresses page-locked through this seam (kept by the fixes that lock them)
 
 
 class CudaHost:
@@ -32,5 +38,6 @@ class CudaHost:
         if code != 0:
             raise RuntimeError(f"cudaHostUnregister returned cudaError {code}")
 
-    def synchronize(self) -> None:
-        sys.modules["torch"].cuda.synchronize()
+    def synchronize(self, device=None) -> None:
+        """device: the index whose streams to wait for; None: the calling thread's current device."""
+        sys.modules["torch"].cuda.synchronize(device)

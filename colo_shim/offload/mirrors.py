@@ -2,7 +2,7 @@
 
 `.cpu()` / `.to("cpu")` per tensor means fresh pageable memory at every offload and one
 synchronous copy after the other (1.6 GB/s on an H200); into page-locked tensors made once, with
-async copies and one synchronize, the same bytes move at 50 GB/s (issue 23). So a tensor gets a
+async copies and one synchronize per device, the same bytes move at 50 GB/s (issue 23). So a tensor gets a
 mirror (pages.py) at its first offload, and later offloads copy into it.
 
 Never stale bytes, in either direction:
@@ -81,7 +81,7 @@ def _layout(t) -> tuple:
 
 
 def offload(slots, where: str) -> bool:
-    """Copy each slot's device tensor into its mirror, synchronize once, then point the slot at it.
+    """Copy each slot's device tensor into its mirror, synchronize each device once, then point the slot at it.
 
     False: nothing changed, and the caller's original path moves these tensors.
     """
@@ -89,7 +89,7 @@ def offload(slots, where: str) -> bool:
 
 
 def restore(slots, where: str) -> bool:
-    """Copy each slot's host tensor to the device (async from page-locked memory), synchronize once."""
+    """Copy each slot's host tensor to the device (async from page-locked memory), then synchronize it."""
     return _guarded(where, slots, _restore)
 
 
@@ -138,7 +138,7 @@ def _offload(slots, where: str, locking: bool) -> bool:
     for _, t, m in plan:
         m.host.copy_(t, non_blocking=locking)
     if locking:
-        pages.host.synchronize()
+        pages.synchronize(t for _, t, _ in plan)
     for slot, t, m in plan:  # only now: a failure above left every slot as it was
         _put(slot, m.host)
         _unlink(m)
@@ -154,7 +154,7 @@ def _restore(slots, where: str, locking: bool) -> bool:
         return True
     plan = [(slot, t, t.to("cuda", non_blocking=True)) for slot in slots for t in (tensor_of(slot),)]
     if locking:
-        pages.host.synchronize()
+        pages.synchronize(new for _, _, new in plan)
     for slot, t, new in plan:
         _put(slot, new)
         m = _mirrors.get(id(t.untyped_storage()))

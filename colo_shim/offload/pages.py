@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from colo_shim.core import cudahost
 from colo_shim.core.cudahost import CudaHost
 
 host = CudaHost()  # the one seam to the CUDA runtime (tests swap in a recorder)
@@ -53,11 +54,12 @@ def allocate(t):
 
 def lock(tensor, nbytes: int, device=None) -> None:
     """Page-lock; any thread may call it (mirrors made ahead are locked in background threads)."""
-    begin = time.perf_counter()
+    begin, ptr = time.perf_counter(), tensor.untyped_storage().data_ptr()
     try:
-        host.register(tensor.untyped_storage().data_ptr(), nbytes, device)
+        host.register(ptr, nbytes, device)
     except Exception as exc:
         raise LockFailed(f"cudaHostRegister of {nbytes} bytes failed: {type(exc).__name__}: {exc}") from exc
+    cudahost.pinned.add(ptr)
     with _stats_lock:
         stats["lock_s"] = round(stats["lock_s"] + time.perf_counter() - begin, 6)
 
@@ -71,7 +73,17 @@ def unlock(tensors, log) -> None:
     except Exception as exc:
         log.debug("colo_shim: synchronize before unlocking mirrors failed: %s", exc)
     for tensor in tensors:
+        ptr = tensor.untyped_storage().data_ptr()
+        cudahost.pinned.discard(ptr)
         try:
-            host.unregister(tensor.untyped_storage().data_ptr())
+            host.unregister(ptr)
         except Exception as exc:
             log.debug("colo_shim: cudaHostUnregister failed: %s", exc)
+
+
+def synchronize(tensors) -> None:
+    """Wait for the copies on every device these tensors live on, each once: torch.cuda.synchronize()
+    waits for the calling thread's current device only, which need not be theirs (a thread starts on
+    device 0; one process may drive several GPUs)."""
+    for index in sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"}):
+        host.synchronize(index)
