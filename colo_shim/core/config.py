@@ -11,6 +11,7 @@ Declaring each knob once, with its kind, default and meaning, keeps that check, 
 the documentation from drifting apart; tests/core/test_knobs.py finds every name the code reads.
 """
 
+import contextlib
 import os
 import sys
 
@@ -42,8 +43,8 @@ EXIT_STRICT = 2
 # the project's own test and benchmark harness reads these; the shim never does
 HARNESS_PREFIXES = ("COLO_SHIM_TEST_", "COLO_SHIM_COMPAT_", "COLO_SHIM_NEMO_RL_")
 # names people reach for that mean another knob (the CLI's flag is --patches), and how to say it
-_FAMILIES_HINT = "families are chosen by COLO_SHIM, e.g. COLO_SHIM=nvrx,megatron"
-_MEANT = {"COLO_SHIM_PATCHES": _FAMILIES_HINT, "COLO_SHIM_FAMILIES": _FAMILIES_HINT, "COLO_SHIM_ENABLE": _FAMILIES_HINT}
+_MEANT = dict.fromkeys(("COLO_SHIM_PATCHES", "COLO_SHIM_FAMILIES", "COLO_SHIM_ENABLE"),
+                       "families are chosen by COLO_SHIM, e.g. COLO_SHIM=nvrx,megatron")
 
 _OFF = ("", "0", "off", "false", "no")  # the .pth line and bootstrap/sitecustomize.py repeat it (tested)
 _ALL = ("1", "all", "true", "yes", "on")  # what a user who means "on" writes
@@ -106,10 +107,8 @@ def stop(*messages: str) -> None:
     sys.stderr.write(f"colo_shim: error: {messages[-1]} ({STRICT}=1: stopping {sys.executable}, exit {EXIT_STRICT}; "
                      f"unset {STRICT} to warn and go on)\n")
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     import threading
 
     if _starting_up() or threading.current_thread() is not threading.main_thread():
