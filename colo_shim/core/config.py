@@ -14,6 +14,7 @@ the documentation from drifting apart; tests/core/test_knobs.py finds every name
 import contextlib
 import os
 import sys
+import threading
 
 from colo_shim.core.knobs import TRUE, Knob, parse, problem, shown
 
@@ -109,8 +110,6 @@ def stop(*messages: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    import threading
-
     if _starting_up() or threading.current_thread() is not threading.main_thread():
         os._exit(EXIT_STRICT)
     raise SystemExit(EXIT_STRICT)
