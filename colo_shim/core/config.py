@@ -11,10 +11,8 @@ Declaring each knob once, with its kind, default and meaning, keeps that check, 
 the documentation from drifting apart; tests/core/test_knobs.py finds every name the code reads.
 """
 
-import contextlib
 import os
 import sys
-import threading
 
 from colo_shim.core.knobs import TRUE, Knob, parse, problem, shown
 
@@ -32,8 +30,7 @@ DISCARD = "COLO_SHIM_DISCARD"
 OFFLOAD = "COLO_SHIM_OFFLOAD"
 OFFLOAD_HOST_GIB = "COLO_SHIM_OFFLOAD_HOST_GIB"
 LEDGER_DIR = "COLO_SHIM_LEDGER_DIR"
-# knobs of COLO_SHIM_NVRX_RELEASE=stage, retired in issue 22: a job config that still sets them was
-# valid, so they cost one line (never an error, strict or not) rather than silence
+# knobs of the stage release, retired in issue 22: set, they cost one line (never an error), not silence
 RETIRED_STAGE_KNOBS = ("COLO_SHIM_STAGE_PIN", "COLO_SHIM_STAGE_LEDGER_WAIT", "COLO_SHIM_STAGE_SHM_BYTES",
                        "COLO_SHIM_STAGE_SHM_DIR")
 # what a deprecated value runs as: said once per process, at arm time and where it is read (never an
@@ -108,9 +105,12 @@ def stop(*messages: str) -> None:
     sys.stderr.write(f"colo_shim: error: {messages[-1]} ({STRICT}=1: stopping {sys.executable}, exit {EXIT_STRICT}; "
                      f"unset {STRICT} to warn and go on)\n")
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        try:
             stream.flush()
-    if _starting_up() or threading.current_thread() is not threading.main_thread():
+        except Exception:
+            pass
+    threading = sys.modules.get("threading")  # not imported: no thread but the main one (and no import here)
+    if _starting_up() or (threading and threading.current_thread() is not threading.main_thread()):
         os._exit(EXIT_STRICT)
     raise SystemExit(EXIT_STRICT)
 
