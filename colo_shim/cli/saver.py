@@ -86,18 +86,11 @@ def load(path: str, like: dict) -> dict:
 
 
 def init_single_rank() -> None:
-    """gloo process group of one rank, enough for NVRx planning and finalization."""
-    import os
-    import socket
-
+    """gloo process group of one rank, enough for NVRx planning and finalization. Its store lives in
+    this process: a TCP port picked here could be taken by another job before gloo binds it."""
     if dist.is_initialized():
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def offload(tensors: dict) -> dict:

@@ -73,8 +73,7 @@ def _child() -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 2000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no port to collide on
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel import random as mrandom

@@ -333,20 +333,27 @@ def nemo_rl_worker(opts):
 def two_ranks(opts):
     """Two gloo ranks, each with its own worker, whose fences may decide differently (one writer's
     side door open, the other's not): the job's collective finalize must still match on both."""
-    import socket
+    import queue
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     root = tempfile.mkdtemp()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, root, opts, results)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, root, opts, results)) for r in range(2)]
     for p in procs:
         p.start()
-    out = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
+    out = []
+    while len(out) < len(procs):  # a rank that died is the answer, not a wait for the deadline
+        try:
+            out.append(results.get(timeout=1))
+        except queue.Empty:
+            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"rank(s) died before answering: {dead}")
+    out.sort(key=lambda r: r["rank"])
     for p in procs:
         p.join(timeout=30)
     return {"ranks": out}
@@ -360,8 +367,8 @@ def cpu_collectives():
     torch.cuda.current_device = lambda: "cpu"
 
 
-def _rank_main(rank, port, root, opts, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+def _rank_main(rank, root, opts, results):
+    os.environ.update(RANK=str(rank))
     import torch
     import torch.distributed as dist
 
@@ -372,7 +379,8 @@ def _rank_main(rank, port, root, opts, results):
     from colo_shim.cli import saver as cs
 
     cpu_collectives()
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a file store in the scenario's own directory: a port picked free can be taken before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
     q = cs.make_queue(shm=True)
     torch.manual_seed(rank)
     live = {f"r{rank}.w": torch.randn(128), f"r{rank}.m": torch.randn(32)}

@@ -31,9 +31,7 @@ ENTRIES = ("chained", "optimizer", "nemo_rl", "buffer")
 
 
 def init():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no port to collide on
     torch.cuda.current_device = lambda: torch.device("cpu")  # megatron places buffers there
     from megatron.core import parallel_state
 
