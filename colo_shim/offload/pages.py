@@ -56,7 +56,7 @@ def lock(tensor, nbytes: int, device=None) -> None:
     begin = time.perf_counter()
     try:
         host.register(tensor.untyped_storage().data_ptr(), nbytes, device)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the CUDA runtime's binding raises means: not page-locked
         raise LockFailed(f"cudaHostRegister of {nbytes} bytes failed: {type(exc).__name__}: {exc}") from exc
     with _stats_lock:
         stats["lock_s"] = round(stats["lock_s"] + time.perf_counter() - begin, 6)
@@ -66,12 +66,12 @@ def unlock(tensors, log) -> None:
     """Unregister after one synchronize: no copy into or out of these pages may still be running."""
     if not tensors:
         return
-    try:
+    try:  # cleanup (also at exit) gives back every page it can: a failure is logged, never stops the rest
         host.synchronize()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         log.debug("colo_shim: synchronize before unlocking mirrors failed: %s", exc)
     for tensor in tensors:
         try:
             host.unregister(tensor.untyped_storage().data_ptr())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             log.debug("colo_shim: cudaHostUnregister failed: %s", exc)
