@@ -45,10 +45,23 @@ def step(what: str, fn, *args, passthrough=(), default=None, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        if _jobs(exc, passthrough) or config.strict():
-            raise
-        contain(what, exc)
-        return default
+        return _contained(what, exc, passthrough, default)
+
+
+async def step_async(what: str, awaitable, *, passthrough=(), default=None):
+    """step() for an awaitable (an async engine's RPC): the same rule where the host's call is a coroutine."""
+    try:
+        return await awaitable
+    except Exception as exc:
+        return _contained(what, exc, passthrough, default)
+
+
+def _contained(what: str, exc: Exception, passthrough, default):
+    """The job's error, or any under strict mode, goes on up with its own traceback; a shim error stops here."""
+    if _jobs(exc, passthrough) or config.strict():
+        raise exc
+    contain(what, exc)
+    return default
 
 
 def _jobs(exc: BaseException, passthrough) -> bool:

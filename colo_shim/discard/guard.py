@@ -175,9 +175,8 @@ def after_steps(st: EngineState, results: list) -> None:
     st.preserved_bytes = sum(sum(r) if isinstance(r, list) else int(r or 0) for r in results)
 
 
-def fallback(st: EngineState, exc: BaseException) -> int:
-    log.warning("colo_shim.vllm: preparing a level-2 sleep failed (%s: %s); keeping weights (level 1)",
-                type(exc).__name__, exc)
+def fallback(st: EngineState) -> int:
+    """The steps before a level-2 sleep failed (core/guard.py logged and counted it): keep weights (level 1)."""
     st.reasons["shim error, kept"] += 1
     st.preserve_mode, st.preserved_names, st.preserved_bytes = None, [], 0
     return 1

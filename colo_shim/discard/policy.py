@@ -109,7 +109,7 @@ def read(obj, *path):
                 except (KeyError, IndexError, TypeError):
                     value = MISSING
             obj = value
-        except Exception:
+        except Exception:  # noqa: BLE001 - a host config's property or __getattr__ may raise anything: unreadable
             return MISSING
     return obj
 

@@ -28,6 +28,7 @@ import contextvars
 import inspect
 import logging
 
+from colo_shim.core import guard as shim
 from colo_shim.core.registry import Patch, Target
 from colo_shim.discard import coverage as cov
 from colo_shim.discard import guard, policy
@@ -44,6 +45,9 @@ ASYNC_MOD = "vllm.v1.engine.async_llm"
 VLLM_RANGE = ">=0.7.0"
 UPDATE_METHODS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "update_weights_from_ipc_handles")
 
+DECIDE = "vllm: finish_generation sleep-level decision"
+STEPS = "vllm: in-worker steps before a level-2 sleep"
+RECORD = "vllm: coverage recording around a refit"
 _busy = contextvars.ContextVar("colo_shim_vllm_busy", default=False)
 
 
@@ -94,26 +98,16 @@ def _package_layout(module):
 def _finish(wrapped, instance, args, kwargs):
     kwargs = dict(kwargs)
     refit_pending = kwargs.pop("refit_pending", None)
-    try:
-        colocated = bool(instance.cfg["colocated"]["enabled"])
-    except Exception:
-        colocated = False
-    if _busy.get() or not colocated:  # non-colocated: only a prefix-cache reset, untouched
+    colocated = policy.read(instance, "cfg", "colocated", "enabled")  # never raises; unreadable: untouched
+    if _busy.get() or colocated is policy.MISSING or not colocated:  # non-colocated: prefix-cache reset
         return wrapped(*args, **kwargs)
     token = _busy.set(True)
     try:
-        try:
-            decision = policy.decide(instance, refit_pending)
-            if decision.level >= 2:
-                tags = [f"{guard.CONTROL}sleep_level={decision.level}", f"{guard.CONTROL}site={decision.site}"]
-                if instance.prepare_for_generation(tags=tags) is False:
-                    _cancel(instance)  # some workers may hold the request: it must not reach a later sleep
-                    decision = policy.Decision(1, "could not reach the workers; kept", "error", decision.site)
-        except Exception as exc:  # the shim's own logic must never break the job: keep
-            log.warning("colo_shim.vllm: deciding the sleep level failed (%s: %s); keeping weights",
-                        type(exc).__name__, exc)
-            decision = policy.Decision(1, f"shim error: {type(exc).__name__}", "error", "unknown")
-        policy.record(instance, decision)
+        decision = shim.step(DECIDE, _decide, instance, refit_pending)
+        if decision is None:  # contained (core/guard.py): keep; a request sent before the error must not stay
+            _cancel(instance)
+            decision = policy.Decision(1, "shim error, kept", "error", "unknown")
+        shim.step("vllm: recording a finish_generation decision", policy.record, instance, decision)
         log.debug("colo_shim.vllm: finish_generation level %d (%s) at %s", decision.level, decision.reason, decision.site)
         done = False
         try:
@@ -127,11 +121,19 @@ def _finish(wrapped, instance, args, kwargs):
         _busy.reset(token)
 
 
+def _decide(instance, refit_pending) -> policy.Decision:
+    decision = policy.decide(instance, refit_pending)
+    if decision.level >= 2:
+        tags = [f"{guard.CONTROL}sleep_level={decision.level}", f"{guard.CONTROL}site={decision.site}"]
+        if instance.prepare_for_generation(tags=tags) is False:
+            _cancel(instance)  # some workers may hold the request: it must not reach a later sleep
+            decision = policy.Decision(1, "could not reach the workers; kept", "error", decision.site)
+    return decision
+
+
 def _cancel(instance) -> None:
-    try:
-        instance.prepare_for_generation(tags=[f"{guard.CONTROL}cancel"])
-    except Exception as exc:  # the engine also drops a request at its next wake-up, generate or refit
-        log.warning("colo_shim.vllm: withdrawing a sleep request failed (%s: %s)", type(exc).__name__, exc)
+    """The engine also drops a request at its next wake-up, generate or refit: a failure here is only counted."""
+    shim.step("vllm: withdrawing a sleep request", instance.prepare_for_generation, tags=[f"{guard.CONTROL}cancel"])
 
 
 def _prepare(wrapped, instance, args, kwargs):
@@ -139,29 +141,34 @@ def _prepare(wrapped, instance, args, kwargs):
     if guard.is_control(tags):
         return wrapped(*args, **kwargs)
     result = wrapped(*args, **kwargs)
-    if tags is None or "kv_cache" in tags:
-        entry = policy.discard_entry(instance)
-        if entry is not None and result is False:
-            since = ("and the weight update since did not restore them" if entry["refit"]
-                     else "with no weight update since")
-            raise guard.ColoShimDiscardError(
-                f"colo-shim: prepare_for_generation(tags={tags!r}) failed on vLLM workers whose weights were "
-                f"discarded (level-2 sleep) by the finish_generation at {entry['site']}, {since}; generating "
-                f"now would use garbage weights. {guard.way_out(entry['site'])}")
-        if result:
-            policy.clear(instance)
+    if tags is None or "kv_cache" in tags:  # the discard error is the job's (documented), anything else the shim's
+        shim.step("vllm: discarded-weights check after prepare_for_generation", _after_prepare, instance, tags,
+                  result, passthrough=guard.ColoShimDiscardError)
     return result
+
+
+def _after_prepare(instance, tags, result) -> None:
+    entry = policy.discard_entry(instance)
+    if entry is not None and result is False:
+        since = ("and the weight update since did not restore them" if entry["refit"]
+                 else "with no weight update since")
+        raise guard.ColoShimDiscardError(
+            f"colo-shim: prepare_for_generation(tags={tags!r}) failed on vLLM workers whose weights were "
+            f"discarded (level-2 sleep) by the finish_generation at {entry['site']}, {since}; generating "
+            f"now would use garbage weights. {guard.way_out(entry['site'])}")
+    if result:
+        policy.clear(instance)
 
 
 def _update(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    policy.note_refit(instance)
+    shim.step("vllm: noting a refit", policy.note_refit, instance)
     return result
 
 
 def _validate(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    policy.mark_validated()
+    shim.step("vllm: noting a validation", policy.mark_validated)
     return result
 
 
@@ -172,8 +179,12 @@ def _worker_sleep(wrapped, instance, args, kwargs):
     kwargs = dict(kwargs)
     level = kwargs.pop("level", None)
     if level is not None and getattr(instance, "llm", None) is not None:
-        guard.request(guard.state_for(instance.llm), int(level), f"{type(instance).__name__}.sleep(level={level})")
+        shim.step("vllm: worker sleep-level request", _request, instance, level)
     return wrapped(*args, **kwargs)
+
+
+def _request(worker, level) -> None:
+    guard.request(guard.state_for(worker.llm), int(level), f"{type(worker).__name__}.sleep(level={level})")
 
 
 # ----------------------------------------------------------------------------- engine side
@@ -181,30 +192,43 @@ def _worker_sleep(wrapped, instance, args, kwargs):
 def _engine_sleep(wrapped, instance, args, kwargs):
     asked = args[0] if args else kwargs.get("level", 1)
     kw = {k: v for k, v in kwargs.items() if k != "level"}
-    st = guard.state_for(instance)
-    level, steps, reason = guard.plan_sleep(st, asked)
+    planned = shim.step("vllm: planning a sleep", _plan, instance, asked)
+    if planned is None:  # contained: the caller's own sleep, as without colo-shim
+        return wrapped(*args, **kwargs)
+    st, level, steps, reason = planned
     if inspect.iscoroutinefunction(wrapped):
         async def run():
             lvl, why = level, reason
-            try:
-                guard.after_steps(st, [await instance.collective_rpc(fn, args=a) for fn, a in steps])
-            except Exception as exc:
-                lvl, why = guard.fallback(st, exc), "shim error, kept"
+            if not await shim.step_async(STEPS, _steps_async(instance, st, steps), default=False):
+                lvl, why = guard.fallback(st), "shim error, kept"
             if lvl >= 2:  # issue 9: a level-1 backup cached earlier would cancel the discard's saving
-                await hm.release_async(instance)
+                await shim.step_async(hm.WHAT, hm.release_async(instance))
             out = await wrapped(*args[1:], level=lvl, **kw)
-            guard.after_sleep(st, lvl, why)
+            shim.step("vllm: recording a sleep", guard.after_sleep, st, lvl, why)
             return out
         return run()
-    try:
-        guard.after_steps(st, [instance.collective_rpc(fn, args=a) for fn, a in steps])
-    except Exception as exc:
-        level, reason = guard.fallback(st, exc), "shim error, kept"
+    if not shim.step(STEPS, _steps, instance, st, steps, default=False):
+        level, reason = guard.fallback(st), "shim error, kept"
     if level >= 2:
-        hm.release(instance)
+        shim.step(hm.WHAT, hm.release, instance)
     out = wrapped(*args[1:], level=level, **kw)
-    guard.after_sleep(st, level, reason)
+    shim.step("vllm: recording a sleep", guard.after_sleep, st, level, reason)
     return out
+
+
+def _plan(engine, asked) -> tuple:
+    st = guard.state_for(engine)
+    return (st, *guard.plan_sleep(st, asked))
+
+
+def _steps(engine, st, steps) -> bool:
+    guard.after_steps(st, [engine.collective_rpc(fn, args=a) for fn, a in steps])
+    return True
+
+
+async def _steps_async(engine, st, steps) -> bool:
+    guard.after_steps(st, [await engine.collective_rpc(fn, args=a) for fn, a in steps])
+    return True
 
 
 def _engine_wake(wrapped, instance, args, kwargs):
@@ -250,33 +274,17 @@ def _engine_rpc(wrapped, instance, args, kwargs):
     st = guard.state_for(instance)
     if inspect.iscoroutinefunction(wrapped):
         async def run():
-            began = await _try(instance.collective_rpc(cov.begin_record_rpc))
+            began = await shim.step_async(RECORD, instance.collective_rpc(cov.begin_record_rpc))
             result = await wrapped(*args, **kwargs)
-            records = await _try(instance.collective_rpc(cov.end_record_rpc)) if began else None
-            guard.after_update(st, result, records)
+            records = await shim.step_async(RECORD, instance.collective_rpc(cov.end_record_rpc)) if began else None
+            shim.step("vllm: noting a weight update", guard.after_update, st, result, records)
             return result
         return run()
-    began = _try_sync(lambda: instance.collective_rpc(cov.begin_record_rpc))
+    began = shim.step(RECORD, instance.collective_rpc, cov.begin_record_rpc)
     result = wrapped(*args, **kwargs)
-    records = _try_sync(lambda: instance.collective_rpc(cov.end_record_rpc)) if began else None
-    guard.after_update(st, result, records)
+    records = shim.step(RECORD, instance.collective_rpc, cov.end_record_rpc) if began else None
+    shim.step("vllm: noting a weight update", guard.after_update, st, result, records)
     return result
-
-
-async def _try(coro):
-    try:
-        return await coro
-    except Exception as exc:
-        log.warning("colo_shim.vllm: coverage recording failed (%s: %s); this worker keeps", type(exc).__name__, exc)
-        return None
-
-
-def _try_sync(call):
-    try:
-        return call()
-    except Exception as exc:
-        log.warning("colo_shim.vllm: coverage recording failed (%s: %s); this worker keeps", type(exc).__name__, exc)
-        return None
 
 
 def _report() -> dict:

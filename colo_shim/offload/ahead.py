@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 
+from colo_shim.core import guard as shim
 from colo_shim.offload import mirrors, pages
 
 log = logging.getLogger("colo_shim.offload")
@@ -55,8 +56,8 @@ def watch(instance, walk, gate) -> None:
             if opt not in _walks:
                 opt.register_step_post_hook(_stepped)
             _walks[opt] = (weakref.ref(instance), walk, gate)
-    except Exception as exc:  # no torch optimizer hooks here: mirrors are made at the offload, as before
-        _failed(exc)
+    except AttributeError as exc:  # no torch optimizer hooks (torch < 2.0): mirrors are made at the offload
+        _failed(exc)  # anything else is a shim error, contained by the offload wrapper's core/guard step
 
 
 def _torch_optimizers(instance) -> list:
@@ -76,14 +77,15 @@ def _torch_optimizers(instance) -> list:
 
 
 def _stepped(opt, args, kwargs) -> None:
-    """torch's step post-hook: never raises into the step."""
-    try:
-        ref, walk, gate = _walks.get(opt, (lambda: None, None, None))
-        instance = ref()
-        if instance is not None and gate():
-            request(walk(instance, True))
-    except Exception as exc:
-        _failed(exc)
+    """torch's step post-hook, inside the job's optimizer.step: through core/guard, never raises into it."""
+    shim.step("offload: mirrors made ahead after an optimizer step", _after_step, opt)
+
+
+def _after_step(opt) -> None:
+    ref, walk, gate = _walks.get(opt, (lambda: None, None, None))
+    instance = ref()
+    if instance is not None and gate():
+        request(walk(instance, True))
 
 
 def request(slots) -> int:
@@ -139,8 +141,8 @@ def _make(ref, device, epoch, nbytes) -> tuple:
                 stats["prepared"] += 1
     except pages.LockFailed as exc:
         mirrors.broke(WHERE, exc)
-    except Exception as exc:
-        _failed(exc)
+    except Exception as exc:  # noqa: BLE001 - a background thread: not core/guard, whose strict mode re-raises;
+        _failed(exc)  # a raise would end it before _work's bookkeeping and leave settle() waiting SETTLE_S
     return (key,)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import sys
 
 from colo_shim.core import config, wrapping
+from colo_shim.core import guard as shim
 from colo_shim.core.registry import Patch, Target
 from colo_shim.offload import ahead, mirrors
 
@@ -48,6 +49,7 @@ DEFAULT = config.KNOBS[config.OFFLOAD].default
 # pin); _ParamAndGradBuffer.offload_to_cpu from 0.16
 MCORE, RANGE, BUF_RANGE = "megatron-core", ">=0.15,<0.21", ">=0.16,<0.21"
 OPT, BUF = "megatron.core.optimizer.optimizer", "megatron.core.distributed.param_and_grad_buffer"
+BUFFER = "_ParamAndGradBuffer.offload_to_cpu"
 WORKER = "nemo_rl.models.policy.{}megatron_policy_worker"  # "" up to v0.4, "workers." from v0.5
 
 
@@ -101,19 +103,25 @@ def _entry(where: str, walk, to_host):
         if towards is None:
             device = kwargs.get("device", args[0] if args else None)
             towards = {"cpu": True, "cuda": False}.get(device) if isinstance(device, str) else None
-        if towards is not None and _go(wrapped, where, towards):
-            try:
-                slots = walk(instance, towards)
-            except Exception as exc:  # a layout this walk does not know: the body moves everything
-                mirrors.fallback(where, "error", f"{type(exc).__name__}: {exc}")
-            else:
-                if towards:  # mirrors being made ahead first; then have them made after each optimizer step
-                    ahead.settle()
-                    ahead.watch(instance, walk, on)
-                (mirrors.offload if towards else mirrors.restore)(slots, where)
+        if towards is not None:  # colo-shim's part never keeps the body from running, nor raises (core/guard.py)
+            shim.step(f"offload: mirrors at {where}", _mirror, wrapped, instance, where, walk, towards)
         return wrapped(*args, **kwargs)
 
     return wrapper
+
+
+def _mirror(wrapped, instance, where: str, walk, to_host: bool) -> None:
+    if not _go(wrapped, where, to_host):
+        return
+    try:
+        slots = walk(instance, to_host)
+    except (AttributeError, KeyError, TypeError, StopIteration) as exc:  # a layout this walk does not know:
+        mirrors.fallback(where, "error", f"{type(exc).__name__}: {exc}")  # the body moves everything
+        return
+    if to_host:  # mirrors being made ahead first; then have them made after each optimizer step
+        ahead.settle()
+        ahead.watch(instance, walk, on)
+    (mirrors.offload if to_host else mirrors.restore)(slots, where)
 
 
 def _go(wrapped, where: str, to_host: bool = True) -> bool:
@@ -171,14 +179,18 @@ def _nemo_slots(worker, to_host: bool) -> list:
 def _buffer_first_offload(wrapped, instance, args, kwargs):
     """Upstream's first call pins `param_data.cpu()`: give it the page-locked copy to fill instead."""
     move_params = kwargs.get("move_params", args[0] if args else True)
+    if move_params:
+        shim.step(f"offload: mirrors at {BUFFER}", _buffer_mirror, wrapped, instance)
+    return wrapped(*args, **kwargs)
+
+
+def _buffer_mirror(wrapped, instance) -> None:
     data = getattr(instance, "param_data", None)
-    where = "_ParamAndGradBuffer.offload_to_cpu"
-    if (move_params and data is not None and getattr(instance, "param_data_cpu", False) is None and _plain(data)
-            and data.is_cuda and data.untyped_storage().nbytes() > 0 and _go(wrapped, where)):
-        copy = mirrors.buffer_mirror(data, where)
+    if (data is not None and getattr(instance, "param_data_cpu", False) is None and _plain(data)
+            and data.is_cuda and data.untyped_storage().nbytes() > 0 and _go(wrapped, BUFFER)):
+        copy = mirrors.buffer_mirror(data, BUFFER)
         if copy is not None:
             instance.param_data_cpu = copy
-    return wrapped(*args, **kwargs)
 
 
 def _report() -> dict:

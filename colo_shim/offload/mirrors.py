@@ -117,7 +117,7 @@ def _guarded(where: str, slots, body) -> bool:
             return bool(body(slots, where, pages.host.ready()))
         except pages.LockFailed as exc:
             return broke(where, exc)
-        except Exception as exc:  # a shim bug, or a full device the original path meets the same way
+        except (RuntimeError, OSError, MemoryError) as exc:  # device/host full, as for the original; bugs: core/guard
             return fallback(where, "error", f"{type(exc).__name__}: {exc}")
         finally:  # the node's ledger learns what this process holds now (mirrors dropped, a copy failed)
             budget.settle(held(), held("buffer"))

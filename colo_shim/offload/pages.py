@@ -57,7 +57,7 @@ def lock(tensor, nbytes: int, device=None) -> None:
     begin, ptr = time.perf_counter(), tensor.untyped_storage().data_ptr()
     try:
         host.register(ptr, nbytes, device)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the CUDA runtime's binding raises means: not page-locked
         raise LockFailed(f"cudaHostRegister of {nbytes} bytes failed: {type(exc).__name__}: {exc}") from exc
     cudahost.pinned.add(ptr)
     with _stats_lock:
@@ -68,16 +68,16 @@ def unlock(tensors, log) -> None:
     """Unregister after one synchronize: no copy into or out of these pages may still be running."""
     if not tensors:
         return
-    try:
+    try:  # cleanup (also at exit) gives back every page it can: a failure is logged, never stops the rest
         host.synchronize()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         log.debug("colo_shim: synchronize before unlocking mirrors failed: %s", exc)
     for tensor in tensors:
         ptr = tensor.untyped_storage().data_ptr()
         cudahost.pinned.discard(ptr)
         try:
             host.unregister(ptr)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             log.debug("colo_shim: cudaHostUnregister failed: %s", exc)
 
 

@@ -1,0 +1,51 @@
+"""Issue 32 item 3 for the offload family: a fault in colo-shim's own step inside a megatron-core entry
+point never reaches the host and never keeps megatron-core's own body from running once (core/guard.py);
+status counts it; COLO_SHIM_STRICT=1 raises it. Real megatron-core 0.19.2 in a child (fault_child.py)."""
+
+import json
+import os
+
+import pytest
+
+from helpers import deps_dir, doubles_path, run_python
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WHERE = {"settle": "offload_to_cpu", "bug_in_copy": "offload_to_cpu", "restore": "restore_from_cpu"}
+MESSAGE = "injected fault in colo-shim's own step"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    proc = run_python(os.path.join(HERE, "fault_child.py"), timeout=240,
+                      pythonpath=(HERE, deps_dir("mcore", "0.19.2"), *doubles_path("v0_7")))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ran_as_upstream(seen):
+    assert seen["escaped"] is None and seen["result"] is None, seen  # offload_to_cpu / restore_from_cpu: None
+    assert seen["upstream_runs"] == seen["chained"] > 0, seen  # megatron-core's body once per chained optimizer
+    assert seen["where_upstream_puts_them"] and seen["equal"], seen
+
+
+def test_baseline_without_a_fault(runs):
+    _ran_as_upstream(runs["none"])
+    assert runs["none"]["shim_errors"] == {} and runs["none"]["fallbacks"] == 0, runs["none"]
+
+
+@pytest.mark.parametrize("fault", sorted(WHERE))
+def test_a_shim_fault_is_contained_and_megatrons_body_runs_once(runs, fault):
+    """Before: settle's and restore's errors escaped the entry point and megatron-core's body never ran;
+    a bug in the copy (a TypeError) was counted as a mirrors fallback and never shown as a shim error."""
+    seen = runs[fault]
+    _ran_as_upstream(seen)
+    # contained at ChainedOptimizer's entry, then again at each chained MegatronOptimizer's (also an entry point)
+    assert seen["shim_errors"] == {f"offload: mirrors at ChainedOptimizer.{WHERE[fault]}": 1,
+                                   f"offload: mirrors at MegatronOptimizer.{WHERE[fault]}": seen["chained"]}, seen
+    assert seen["fallbacks"] == 0, seen  # a shim bug is not a fallback the mirrors chose
+
+
+@pytest.mark.parametrize("fault", sorted(WHERE))
+def test_strict_mode_raises_the_shim_fault(runs, fault):
+    seen = runs[f"{fault}_strict"]
+    assert seen["escaped"] is not None and seen["escaped"]["message"] == MESSAGE, seen
+    assert seen["shim_errors"] == {}, seen
