@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 
+from colo_shim.cli import groups
 from colo_shim.cli.demo_child import HANG_EXIT, MIB, PHASE, nvrx_version
 from colo_shim.core import config
 
@@ -79,7 +80,7 @@ def _run(shim: bool, args, scratch: str) -> dict:
         return {"shim": shim, "error": f"timed out after {time.perf_counter() - t0:.0f}s with no detected cause "
                                         f"(--timeout is a safety limit, not a hang diagnosis)"}
     finally:
-        _kill_group(proc)  # NVRx writers of the child keep its pipes open: end them so the pumps see EOF
+        groups.end(proc.pid)  # NVRx writers of the child keep its pipes open: end them so the pumps see EOF
         for pump in pumps:
             pump.join(timeout=30)
     _say(f"{label}: done in {time.perf_counter() - t0:.0f} s")
@@ -102,51 +103,6 @@ def _result(shim: bool, code: int, out: str, err: str) -> dict:
         last = [line for line in err.strip().splitlines() if not line.startswith(PHASE)] or ["failed"]
         return {"shim": shim, "error": last[-1][:160]}
     return dict(json.loads(lines[-1]), shim=shim)
-
-
-def _group(pgid: int) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != b"Z":  # a zombie holds nothing; its parent reaps it
-                found.append(int(pid))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-
-
-def _is_tracker(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"resource_tracker" in fh.read()
-    except OSError:
-        return False
-
-
-def _kill_group(proc) -> None:
-    """End what the child left in its process group: NVRx writers keep its pipes open. All but
-    multiprocessing's resource tracker: it unlinks the named semaphores of queues whose owner was
-    killed (else they stay in /dev/shm) and exits by itself once nobody holds its pipe."""
-    if not os.path.isdir("/proc"):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return
-    trackers = []
-    for pid in _group(proc.pid):
-        if _is_tracker(pid):
-            trackers.append(pid)
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30.0  # a safety limit: the tracker ends as soon as its pipe closes
-    while trackers and time.monotonic() < deadline:
-        trackers = [pid for pid in trackers if pid in _group(proc.pid)]
-        time.sleep(0.02)
-    for pid in trackers:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _fmt_bytes(n) -> str:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from colo_shim.cli import groups
 from harness.procs import PYTHON, REPO, clean_env
 from helpers import deps_dir
 
@@ -76,10 +76,7 @@ def _run(name, opts, nvrx, mcore, doubles, timeout, env, until, script) -> Outco
                     break
                 time.sleep(0.2)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the trainer and any worker it left
-            except ProcessLookupError:
-                pass
+            groups.end(proc.pid)  # the trainer and any worker it left; the resource tracker unlinks their semaphores
             proc.wait()
         return Outcome(None if timed_out else proc.returncode, _read(out_path + ".out"), _read(out_path + ".err"),
                        timed_out)
