@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Turn one run of main's GRPO (device.sh run X) into a JSON record, and records into a table.
+
+    python3 report.py --run a --rc 0 --wall-s 600 --dir RUN_DIR > run_a.json
+    python3 report.py --table run_a.json run_b.json run_c.json
+
+Everything comes from main's own output (driver.log, where Ray forwards every actor's prints) except three things
+main does not log: NVRx writer restarts and host RSS (sampler.py), each actor's colo-shim state (actor_status.py),
+checkpoint read-back (ckpt_check.py). The patterns are main's print formats (grpo.py's Timing block and
+Training Results, megatron_policy_worker.py's GPU Memory lines) and vLLM 0.25's CuMemAllocator sleep line.
+"""
+import argparse
+import json
+import os
+import re
+
+STEP = re.compile(r"• Total step time: ([\d.]+)s")
+TIMER = re.compile(r"• ([\w/]+): ([\d.]+)s \(([\d.]+)%\)")
+KL = re.compile(r"• Generation KL Error: ([-\d.naif]+)")
+REWARD = re.compile(r"• Avg Reward: ([-\d.naif]+)")
+GPU = re.compile(r"GPU Memory (after optimizer offload|after refit complete|before optimizer offload): "
+                 r"([\d.]+)GB allocated, ([\d.]+)GB reserved")
+SLEEP = re.compile(r"CuMemAllocator: sleep freed ([\d.]+) GiB memory in total, "
+                   r"of which ([\d.]+) GiB is backed up in CPU")
+SAVE = re.compile(r"Saving checkpoint for step (\d+)")
+ERR = re.compile(r"Traceback|out of memory|OutOfMemoryError|CheckpointWorkerDied|ColoShimDiscardError")
+
+
+def parse_log(text: str) -> dict:
+    steps, cur = [], {"gpu": {}, "sleep_backup_gib": []}
+    saves, errors, sleeps = [], 0, []
+    timing = None
+    for line in text.splitlines():
+        if m := STEP.search(line):
+            timing = dict(cur, total_step_time=float(m.group(1)), timers={})
+            steps.append(timing)
+            cur = {"gpu": {}, "sleep_backup_gib": []}
+            continue
+        if timing is not None and (m := TIMER.search(line)):
+            timing["timers"][m.group(1)] = float(m.group(2))
+            continue
+        timing = None if line.strip() and "•" not in line else timing
+        if m := KL.search(line):
+            cur["gen_kl_error"] = float(m.group(1))
+        elif m := REWARD.search(line):
+            cur["avg_reward"] = float(m.group(1))
+        elif m := GPU.search(line):
+            mem = {"allocated_gb": float(m.group(2)), "reserved_gb": float(m.group(3))}
+            cur["gpu"][m.group(1).replace(" ", "_")] = mem
+        elif m := SLEEP.search(line):
+            cur["sleep_backup_gib"].append(float(m.group(2)))
+            sleeps.append(float(m.group(2)))
+        elif m := SAVE.search(line):
+            saves.append(int(m.group(1)))
+        if ERR.search(line):
+            errors += 1
+    return {"steps": steps, "saves": saves, "error_lines": errors, "sleep_backup_gib": sleeps}
+
+
+def parse_samples(path: str) -> dict:
+    """NVRx writer pids: spawned children of main's policy actor; host RSS summed over every process."""
+    writers, peak, policy = set(), 0, set()
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        for line in fh:
+            s = json.loads(line)
+            for pid, _ppid, cmd, _rss in s["procs"]:
+                if "MegatronPolicyWorker" in cmd or "lm_policy" in cmd:
+                    policy.add(pid)
+            for pid, ppid, cmd, _rss in s["procs"]:
+                if ppid in policy and ("spawn_main" in cmd or "multiprocessing" in cmd):
+                    writers.add(pid)
+            peak = max(peak, sum(p[3] for p in s["procs"]))
+    return {"nvrx_writer_pids": sorted(writers), "writer_restarts": max(len(writers) - 1, 0),
+            "host_rss_peak_gib": round(peak / 2**30, 2)}
+
+
+def actor_shim(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    for name, rec in json.load(open(path)).items():
+        applied = [r["name"] for r in rec.get("status", []) if r.get("status") == "applied"]
+        out[name] = {"COLO_SHIM": rec.get("COLO_SHIM"), "loaded": rec.get("colo_shim_loaded"), "applied": applied,
+                     "error": rec.get("error") or rec.get("status_error")}
+    return out
+
+
+def record(run: str, rc: int, wall: float, d: str) -> dict:
+    log = parse_log(open(os.path.join(d, "driver.log"), errors="replace").read())
+    ck = os.path.join(d, "ckpt_check.json")
+    try:
+        ckpt = json.load(open(ck))
+    except (OSError, ValueError):
+        ckpt = {}
+    return {"run": run, "rc": rc, "wall_s": wall, **log, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
+            "actors": actor_shim(os.path.join(d, "actor_status.json")), "checkpoints": ckpt}
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return round(sum(xs) / len(xs), 2) if xs else None
+
+
+def row(r: dict) -> str:
+    later = r["steps"][1:] or r["steps"]
+    step_s = _mean([s["total_step_time"] for s in later])
+    off = _mean([s["timers"].get("offload_before_refit") for s in later])
+    ckpt = _mean([s["timers"].get("checkpointing") for s in later])
+    after = _mean([s["gpu"].get("after_refit_complete", {}).get("reserved_gb") for s in later])
+    backup = max(r["sleep_backup_gib"], default=None)
+    ck = r.get("checkpoints") or {}
+    valid = f"{ck.get('valid', '-')}/{len(ck.get('steps', {}))}" if ck else "-"
+    shim = sum(1 for a in r["actors"].values() if a.get("applied"))
+    return (f"| {r['run']} | {r['rc']} | {len(r['steps'])} | {step_s} | {off} | {ckpt} | {after} | {backup} | "
+            f"{r['samples'].get('writer_restarts', '-')} | {valid} | {shim}/{len(r['actors'])} | {r['error_lines']} |")
+
+
+HEADER = ("| run | rc | steps | step s (2nd on) | offload_before_refit s | checkpointing s "
+          "| GPU reserved after refit GB "
+          "| pinned backup per sleep GiB | writer restarts | ckpt valid | actors with shim applied | error lines |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run")
+    ap.add_argument("--rc", type=int, default=0)
+    ap.add_argument("--wall-s", type=float, default=0)
+    ap.add_argument("--dir")
+    ap.add_argument("--table", nargs="*")
+    a = ap.parse_args()
+    if a.table is not None:
+        print(HEADER)
+        for path in a.table:
+            print(row(json.load(open(path))))
+        return
+    print(json.dumps(record(a.run, a.rc, a.wall_s, a.dir), indent=1))
+
+
+if __name__ == "__main__":
+    main()
