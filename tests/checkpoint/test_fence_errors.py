@@ -2,15 +2,31 @@
 
 import time
 
+import pytest
+
 from helpers import deps_dir, last_json, run_python
 from nvrx_scenarios import runner
 
 
 def test_dead_worker_raises_instead_of_hanging():
+    """Raising is the check: a fence that waited on the dead worker would never return (the runner's
+    deadline would end it with no result)."""
     result = runner.run("dead_worker", {"shim": True}, nvrx="0.4.1", timeout=90).result
     assert result["raised"] == "CheckpointWorkerDied"
     assert "rank 0" in result["message"] and "AsyncCallsQueue" in result["message"]
-    assert result["seconds"] < 10
+
+
+@pytest.mark.parametrize("nvrx", ("0.6.0", "0.7.0"))
+def test_worker_killed_while_the_fence_waits_raises_and_the_next_save_gets_a_fresh_worker(nvrx):
+    """docs/faults.md: the worker dies while a fence waits for its write. The next save runs on a fresh
+    worker and is written whole; the blocking finalize after it still raises once for the lost save (a
+    finalize that returned would let NeMo-RL main rename the lost save's tmp_step_N as finished), and
+    the one after that returns."""
+    result = runner.run("dead_worker", {"shim": True, "during": True, "next_save": True}, nvrx=nvrx,
+                        timeout=120).result
+    assert result["raised"] == "CheckpointWorkerDied", result
+    assert result["new_worker"] and result["equal"] == [True, True], result
+    assert result["finalizes"] == ["CheckpointWorkerDied", None], result
 
 
 def test_dead_worker_hangs_without_shim():

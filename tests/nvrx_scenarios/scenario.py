@@ -107,23 +107,56 @@ def _slow_request(cs, q, live, path, mode, seconds=30.0):
 
 
 def dead_worker(opts):
-    """The worker dies with a save pending: the fence raises, never hangs."""
+    """The worker dies with a save pending, before the fence or (during=True) while the fence waits for
+    its write: the fence raises, never hangs; with next_save the job's next save gets a fresh worker."""
     cs = _setup(opts)
+    import threading
+
     import colo_shim
 
     q = cs.make_queue(shm=True)
     _slow_request(cs, q, _state(2), tempfile.mkdtemp() + "/d", "sleep")
-    os.kill(q.persistent_caller.process.pid, signal.SIGKILL)
-    print("killed", flush=True)
+    victim, fencing = q.persistent_caller.process.pid, threading.Event()
+
+    def kill():
+        os.kill(victim, signal.SIGKILL)
+        print("killed", flush=True)
+
+    def kill_once_fencing():
+        fencing.wait()
+        time.sleep(0.3)  # into the fence's wait: the write it waits for sleeps 30 s
+        kill()
+
+    killer = threading.Thread(target=kill_once_fencing) if opts.get("during") else None
+    if killer:
+        killer.start()
+    else:
+        kill()
     t0 = time.monotonic()
     try:
+        fencing.set()
         if opts.get("shim"):
             colo_shim.fence("dead worker")
         else:
             cs.finalize(q)
-        return {"raised": None}
+        out = {"raised": None}
     except Exception as exc:
-        return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
+        out = {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
+    if killer:
+        killer.join()
+    if opts.get("next_save"):  # the job goes on: two more saves, each followed by its blocking finalize
+        out["finalizes"], out["equal"] = [], []
+        for seed in (5, 6):
+            live, path = _state(seed), tempfile.mkdtemp() + "/next"
+            cs.async_save(q, live, path, cached=True, shm=True)
+            try:
+                cs.finalize(q)
+                out["finalizes"].append(None)
+            except Exception as exc:  # noqa: BLE001 - what the job's finalize saw
+                out["finalizes"].append(type(exc).__name__)
+            out["equal"].append(_equal(cs, path, live))
+        out["new_worker"] = q.persistent_caller.process.pid != victim
+    return out
 
 
 def timeout(opts):
@@ -348,7 +381,7 @@ def two_ranks(opts):
         try:
             out.append(results.get(timeout=1))
         except queue.Empty:
-            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None]
             if dead:
                 for p in procs:
                     p.kill()

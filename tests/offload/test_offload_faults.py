@@ -49,3 +49,29 @@ def test_strict_mode_raises_the_shim_fault(runs, fault):
     seen = runs[f"{fault}_strict"]
     assert seen["escaped"] is not None and seen["escaped"]["message"] == MESSAGE, seen
     assert seen["shim_errors"] == {}, seen
+
+
+NEMO = "offload: mirrors at nemo_rl MegatronPolicyWorkerImpl.move_optimizer"
+
+
+@pytest.mark.parametrize("fault", sorted(WHERE))
+def test_a_shim_fault_in_nemo_rls_move_optimizer_is_contained_and_its_body_runs_once(runs, fault):
+    """NeMo-RL's own entry point (v0.7 layout double of MegatronPolicyWorkerImpl.move_optimizer): the
+    worker's body moves the Adam state itself, once, with its values."""
+    seen = runs[f"nemo_rl:{fault}"]
+    assert seen["escaped"] is None and seen["result"] is None and seen["upstream_runs"] == 1, seen
+    assert seen["where_upstream_puts_them"] and seen["equal"], seen
+    assert seen["shim_errors"] == {NEMO: 1} and seen["fallbacks"] == 0, seen
+    strict = runs[f"nemo_rl:{fault}_strict"]
+    assert strict["escaped"] is not None and strict["escaped"]["message"] == MESSAGE, strict
+
+
+def test_a_shim_fault_at_a_ddp_buffers_first_offload_leaves_megatrons_own_copy(runs):
+    """The buffer's first offload_to_cpu, where colo-shim hands it a page-locked param_data_cpu: when
+    making that copy raises, megatron-core's body makes its own and frees the device storage."""
+    seen = runs["buffer:buffer_mirror"]
+    assert seen["escaped"] is None and seen["result"] is None, seen
+    assert seen["where_upstream_puts_them"] and seen["equal"], seen
+    assert seen["shim_errors"] == {"offload: mirrors at _ParamAndGradBuffer.offload_to_cpu": seen["buffers"]}, seen
+    strict = runs["buffer:buffer_mirror_strict"]
+    assert strict["escaped"] is not None and strict["escaped"]["message"] == MESSAGE, strict
