@@ -57,25 +57,3 @@ def short_tmpdir():
     path = tempfile.mkdtemp(prefix="t")
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-# The longest files first: under `-n 2 --dist loadfile` each file runs whole on one worker, in the order
-# collected, so a long file collected late (tests/e2e sits after most of the suite) left one worker running
-# alone for minutes at the end. Seconds per file from one `--durations` run on a loaded 2-core machine;
-# only the order is taken from them, a file missing here keeps its place after these.
-SLOW_FIRST = ("e2e/test_e2e_ranks.py", "e2e/test_e2e_nosave.py", "e2e/test_e2e_smoke.py", "faults/test_faults.py",
-              "checkpoint/test_main_async_stage.py", "core/test_family_orderings.py", "core/test_temp_dir.py",
-              "checkpoint/test_shm_drain.py", "checkpoint/test_nvrx_close.py", "core/test_ray_actors.py",
-              "discard/test_vllm_configs.py", "checkpoint/test_release_checks.py", "checkpoint/test_nvrx_two_ranks.py",
-              "offload/test_bench_offload.py", "discard/test_vllm_ray.py", "checkpoint/test_fence_faults.py",
-              "checkpoint/test_finalize_race.py", "offload/test_offloaded_save.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-
-    def key(item):
-        path = str(item.path)
-        return next((i for name, i in rank.items() if path.endswith(os.sep + name.replace("/", os.sep))), len(rank))
-
-    items.sort(key=key)  # stable: within a file, and among the rest, the collected order stays
