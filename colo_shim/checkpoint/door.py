@@ -38,7 +38,8 @@ def wrap(request):
     preload = getattr(request, "preload_fn", None)
     if preload is None or isinstance(preload, worker.Preload) or not hasattr(request, "_replace"):
         return request
-    return request._replace(preload_fn=worker.Preload(preload, _TOKEN, _SECRET))
+    wait = 2 * config.env_float(ACK_ENV, DEFAULT_ACK_TIMEOUT)  # twice what an offload gives the door to answer
+    return request._replace(preload_fn=worker.Preload(preload, _TOKEN, _SECRET, wait))
 
 
 def knock(caller, wait) -> list:

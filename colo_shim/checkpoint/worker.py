@@ -141,24 +141,40 @@ def drop_cached_tensors(report=None, *_args, **_kwargs) -> None:
 
 
 class Preload:
-    """A save's preload_fn, wrapped: same result, then no reference to the tensors it copied."""
+    """A save's preload_fn, wrapped: same result, then no reference to the tensors it copied.
 
-    def __init__(self, fn, token: str, secret: str):
-        self.fn, self.token, self.secret = fn, token, secret
+    `wait`: how long the copy waits for a release the door is running (it holds the copy lock while it
+    clears the cache, milliseconds). A door stuck there (e.g. in a CUDA call) would keep this copy, and
+    the trainer in NVRx's preload_q.join(), waiting forever; so the worker ends itself instead: the
+    trainer's watch sees the exit, raises CheckpointWorkerDied for this save and the next save gets a
+    fresh worker."""
+
+    def __init__(self, fn, token: str, secret: str, wait: float = 60.0):
+        self.fn, self.token, self.secret, self.wait = fn, token, secret, wait
 
     def __call__(self):
         _open_door(self.token, self.secret)
-        with _copying:
-            try:
-                result = self.fn()
-                if not _has_data_cache():  # NVRx < 0.6: the request's lists are the originals (issue 32 item 2)
-                    strip(self.fn, cuda_only=False)
-                return result
-            finally:
-                self.fn = None
+        if not _copying.acquire(timeout=self.wait):
+            _give_up(f"the release thread held the copy lock for over {self.wait:.0f} s")
+        try:
+            result = self.fn()
+            if not _has_data_cache():  # NVRx < 0.6: the request's lists are the originals (issue 32 item 2)
+                strip(self.fn, cuda_only=False)
+            return result
+        finally:
+            self.fn = None
+            _copying.release()
 
     def forget(self) -> None:
         self.fn = None
+
+
+def _give_up(why: str) -> None:
+    import os
+
+    sys.stderr.write(f"colo_shim: checkpoint worker pid {os.getpid()} exits: {why}\n")
+    sys.stderr.flush()
+    os._exit(70)  # an exit is what the trainer's watch detects, whatever NVRx's loop would do with an exception
 
 
 def _has_data_cache() -> bool:

@@ -66,30 +66,39 @@ def _write_holding_gil(started, fifo, dropped, write_fn, *args, **kwargs):
     return write_fn(*args, **kwargs)
 
 
-def door_stuck_write(request, stuck):
-    """The save writes as usual, and from now on the side door's thread never answers a knock."""
-    return request._replace(async_fn=functools.partial(_stick_door, stuck, request.async_fn))
+def door_stuck_write(request, stuck, holding=False):
+    """The save writes as usual, and from now on the side door's thread never answers a knock: it
+    blocks before taking the worker's copy lock or (holding=True) once it holds it."""
+    return request._replace(async_fn=functools.partial(_stick_door, stuck, holding, request.async_fn))
 
 
 class _StuckForDoor:
-    """The worker's copy lock as the door thread sees it: entered, it never returns; other threads
-    (the worker's copies) get the real lock."""
+    """The worker's copy lock as the door thread sees it: entered, it never returns (before or after
+    taking the real lock); other threads (the worker's copies) get the real lock."""
 
-    def __init__(self, lock):
-        self.lock = lock
+    def __init__(self, lock, holding):
+        self.lock, self.holding = lock, holding
 
     def __enter__(self):
         if threading.current_thread().name == "colo-shim-release":
+            if self.holding:
+                self.lock.acquire()
             threading.Event().wait()
         return self.lock.__enter__()
 
     def __exit__(self, *exc):
         return self.lock.__exit__(*exc)
 
+    def acquire(self, *args, **kwargs):
+        return self.lock.acquire(*args, **kwargs)
 
-def _stick_door(stuck, write_fn, *args, **kwargs):
+    def release(self):
+        return self.lock.release()
+
+
+def _stick_door(stuck, holding, write_fn, *args, **kwargs):
     door = sys.modules[_DOOR]
     if not isinstance(door._copying, _StuckForDoor):
-        door._copying = _StuckForDoor(door._copying)
+        door._copying = _StuckForDoor(door._copying, holding)
     _touch(stuck)
     return write_fn(*args, **kwargs)

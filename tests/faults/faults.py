@@ -208,6 +208,26 @@ def no_answer(job, live):
     return {"old_pid": None, "new_pid": job.pid()}
 
 
+def stuck_holding(job, live):
+    """The side door's thread is stuck while it holds the worker's copy lock (as in a CUDA call that
+    never returns): the next save's copy must not wait for it forever. The worker ends itself after
+    twice COLO_SHIM_NVRX_ACK_TIMEOUT (1 s here); that save raises, the one after runs on a fresh worker."""
+    job.warm(live)
+    job.save("s1", live, fault_io.door_stuck_write, stuck=job.path("stuck"), holding=True)
+    job.finalize()
+    job.fence("COLO_SHIM_NVRX_ACK_TIMEOUT")  # the knock gets the door stuck; the fence falls back to the queue
+    old = job.pid()
+    os.environ["COLO_SHIM_NVRX_ACK_TIMEOUT"] = "1"
+    try:
+        job.save("s2", {k: v + 1 for k, v in live.items()})
+    finally:
+        os.environ.pop("COLO_SHIM_NVRX_ACK_TIMEOUT")
+    job.finalize()
+    job.save("s3", {k: v + 2 for k, v in live.items()})
+    job.finalize()
+    return {"old_pid": old, "new_pid": job.pid()}
+
+
 def late_answer(job, live):
     """The write holds the worker's GIL past COLO_SHIM_FENCE_TIMEOUT: the fence raises FenceTimeout,
     then the door, freed, drops the worker's cache late. The next save must still complete."""

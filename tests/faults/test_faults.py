@@ -20,7 +20,8 @@ VERSIONS = ("0.4.1", "0.5.0", "0.6.0", "0.7.0")
 # Where a later save of one structure sends cache keys, not data. 0.6.0 caches GPU tensors only and
 # passes CPU tensors fresh every time, so on this machine only 0.7.0 (whose shm path caches) does.
 CACHED = ("0.7.0",)
-SCENARIOS = ("dead_idle", "mid_write_then_finalize", "written_then_save", "mid_copy", "no_answer", "late_answer")
+SCENARIOS = ("dead_idle", "mid_write_then_finalize", "written_then_save", "mid_copy", "no_answer", "stuck_holding",
+             "late_answer")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults.py")
 DEADLINE = 300  # safety net for a hung child (its process group is killed), never the assertion
 
@@ -143,6 +144,19 @@ def test_door_that_never_answers_falls_back_to_the_queue(runs, version):
     assert {"fence": ["queued"]} in r["saw"] and r["fallbacks"] == {"door": 1}, r["saw"]
     assert all(c["marked_complete"] for c in r["checkpoints"].values())
     _check_common(r, deaths=0, lost=0)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_door_stuck_holding_the_copy_lock_ends_the_worker_instead_of_the_next_save_waiting(runs, version):
+    """docs/faults.md: before, the next save's copy waited for the lock forever and the trainer with it in
+    NVRx's preload_q.join(). Now the worker exits (code 70) and the trainer's watch raises for that save."""
+    r = _result(runs, version, "stuck_holding")
+    saw = r["saw"]
+    assert saw[2] == {"fence": ["queued"]}, saw
+    s2 = saw[0]["idx"] + 1  # the save after s1
+    _died(saw[3], f"pid {r['old_pid']}", "code 70", f"while save {s2} was copied to host", f"[{s2}] lost")
+    assert not r["checkpoints"].get("s2", {}).get("marked_complete"), r["checkpoints"]
+    _check_common(r, deaths=1, lost=1)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
