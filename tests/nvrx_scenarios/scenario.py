@@ -381,7 +381,10 @@ def two_ranks(opts):
         try:
             out.append(results.get(timeout=1))
         except queue.Empty:
-            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None]
+            # a rank that answered may have ended; one that ended unanswered cannot answer any more (a
+            # normal exit flushes its queue first, so its answer would have been read above)
+            answered = {r["rank"] for r in out}
+            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None and i not in answered]
             if dead:
                 for p in procs:
                     p.kill()
