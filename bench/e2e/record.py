@@ -157,7 +157,7 @@ class Recorder:
 
     def save_scheduled(self, step, saved):
         self.step.update(save_schedule_s=saved["schedule_s"], save_finalize_prev_s=saved["finalize_prev_s"],
-                         save_async=saved["async"])
+                         save_async=saved["async"], save_threads=saved.get("threads"))
 
     def ckpt_result(self, step, res):
         for rec in self.run["steps"]:

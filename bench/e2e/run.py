@@ -22,7 +22,7 @@ trainer, the engine, NVRx's writer): the driver runs the site package's `grpo_tr
 
 Run options follow the steps, colon-separated (specs.py says what each does): kvdelta=N,
 order=before|after (main-worker modes), ckpt=disk, offload=on|off (shim modes), ranks=N (issue 25),
-size=NAME (driver.SIZES), verify=off, nosave=K, limit=S (issue 34). E.g.
+size=NAME (driver.SIZES), verify=off, nosave=K, limit=S, threads=N (issue 34). E.g.
 `main3322_shim@0.7.0:4:order=after`, `shim@0.7.0:10:ranks=2`, `shim@0.7.0:7:size=2.1b:nosave=3:verify=off`.
 
 Sizing (KV cache): `--kv auto` sets vLLM's kv_cache_memory_bytes to F - margin, F = free device
@@ -107,6 +107,8 @@ def orchestrate(args) -> int:
                    VLLM_ALLOW_INSECURE_SERIALIZATION="1", NCCL_NVLS_ENABLE="0", **extra)
         if args.fake_engine:
             env["E2E_FAKE_ENGINE"] = "1"
+        if opts.get("threads", 1) > 1:
+            env["E2E_SAVE_THREADS"] = str(opts["threads"])
         if shim:
             env["COLO_SHIM"] = "1"
             if release:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.e2e.driver import MODES, SIZES
 
-OPTIONS = "kvdelta=N, order=before|after, ckpt=disk, offload=on|off, ranks=N, size=NAME, verify=off, nosave=K, limit=S"
+OPTIONS = "kvdelta=N, order=before|after, ckpt=disk, offload=on|off, ranks=N, size=NAME, verify=off, nosave=K, limit=S, threads=N"
 
 
 def parse(spec: str):
@@ -16,28 +16,31 @@ def parse(spec: str):
     GPU), size=NAME (a model of driver.SIZES instead of --size), verify=off (no checkpoint read back,
     one kept: a verifier's wait would hide part of the write in flight), nosave=K (the first K steps
     without checkpoints, in the same processes: report.py splits the run in two rows), limit=S (that
-    run's wall seconds instead of --per-run-s)."""
+    run's wall seconds instead of --per-run-s), threads=N (the save strategy's thread_count: NVRx's
+    writer threads; megatron's default is 1, so the write speed a job sees depends on it)."""
     mode, _, rest = spec.partition("@")
     nvrx, *parts = rest.split(":")
     steps = parts.pop(0) if parts else ""
     opts = dict(part.split("=", 1) for part in parts if part)
-    unknown = set(opts) - {"kvdelta", "order", "ckpt", "offload", "ranks", "size", "verify", "nosave", "limit"}
+    unknown = set(opts) - {"kvdelta", "order", "ckpt", "offload", "ranks", "size", "verify", "nosave", "limit", "threads"}
     if (mode not in MODES or unknown or opts.get("order", "before") not in ("before", "after")
             or opts.get("ckpt", "disk") != "disk" or opts.get("offload", "on") not in ("on", "off")
             or not opts.get("ranks", "1").isdigit() or int(opts.get("ranks", "1")) < 1
             or opts.get("size", "full") not in SIZES or opts.get("verify", "off") != "off"
-            or not opts.get("nosave", "0").isdigit() or not opts.get("limit", "1").replace(".", "", 1).isdigit()):
+            or not opts.get("nosave", "0").isdigit() or not opts.get("limit", "1").replace(".", "", 1).isdigit()
+            or not opts.get("threads", "1").isdigit() or int(opts.get("threads", "1")) < 1):
         raise SystemExit(f"bad run spec {spec!r}: modes are {', '.join(MODES)}; options are {OPTIONS} (N >= 1)")
     if opts.get("offload") and not MODES[mode][0]:
         raise SystemExit(f"bad run spec {spec!r}: offload= needs a colo-shim mode")
-    if MODES[mode][3] is None and (opts.get("nosave") or opts.get("verify") or opts.get("ckpt")):
-        raise SystemExit(f"bad run spec {spec!r}: {mode} saves no checkpoint (nosave=, verify=, ckpt= mean nothing)")
+    if MODES[mode][3] is None and (opts.get("nosave") or opts.get("verify") or opts.get("ckpt") or opts.get("threads")):
+        raise SystemExit(f"bad run spec {spec!r}: {mode} saves no checkpoint (nosave=, verify=, ckpt=, threads= mean nothing)")
     if int(steps or 4) <= int(opts.get("nosave", 0)):
         raise SystemExit(f"bad run spec {spec!r}: nosave=K needs more than K steps")
     opts["kvdelta"] = float(opts.get("kvdelta", 0.0))
     opts["ranks"] = int(opts.get("ranks", 1))
     opts["nosave"] = int(opts.get("nosave", 0))
     opts["limit"] = float(opts["limit"]) if opts.get("limit") else None
+    opts["threads"] = int(opts.get("threads", 1))
     return mode, nvrx or "0.7.0", int(steps or 4), opts
 
 
@@ -50,4 +53,5 @@ def name(mode, nvrx, opts) -> str:
     extra += [f"size={opts['size']}"] if opts.get("size") else []
     extra += [f"nosave={opts['nosave']}"] if opts.get("nosave") else []
     extra += ["verify=off"] if opts.get("verify") else []
+    extra += [f"threads={opts['threads']}"] if opts.get("threads", 1) > 1 else []
     return f"{mode}@{nvrx}" + "".join(" " + e for e in extra)

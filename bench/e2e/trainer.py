@@ -227,7 +227,9 @@ def save(st, path: str, queue) -> dict:
     want = fingerprints(sd)
     fp_s = time.perf_counter() - t0
     if st.strategy is None:
-        st.strategy = TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True)
+        # E2E_SAVE_THREADS (spec option threads=N): NVRx's writer threads; megatron's default is one.
+        threads = int(os.environ.get("E2E_SAVE_THREADS", "1"))
+        st.strategy = TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True, thread_count=threads)
     t1 = time.perf_counter()
     if queue is None:
         dist_checkpointing.save(sd, path, sharded_strategy=st.strategy)
@@ -236,4 +238,4 @@ def save(st, path: str, queue) -> dict:
                                       async_strategy="nvrx")
         queue.schedule_async_request(req)
     return {"path": path, "fingerprints": want, "schedule_s": round(time.perf_counter() - t1, 3),
-            "fingerprint_s": round(fp_s, 3), "async": queue is not None}
+            "fingerprint_s": round(fp_s, 3), "async": queue is not None, "threads": st.strategy.thread_count}

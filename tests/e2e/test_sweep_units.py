@@ -14,10 +14,14 @@ def test_spec_options_of_issue_34_and_the_names_they_give():
     assert got == ("shim", 7, "2.1b", 3, "off", 250.0)
     assert specs.name(mode, nvrx, opts) == "shim@0.7.0 size=2.1b nosave=3 verify=off"  # the limit is no part of it
     assert specs.name(*(specs.parse("nosave@0.7.0:4")[:2] + (specs.parse("nosave@0.7.0:4")[3],))) == "nosave@0.7.0"
+    mode, nvrx, _, opts = specs.parse("shim@0.7.0:6:nosave=2:verify=off:threads=8")
+    assert opts["threads"] == 8 and specs.name(mode, nvrx, opts) == "shim@0.7.0 nosave=2 verify=off threads=8"
+    assert specs.parse("shim@0.7.0:6")[3]["threads"] == 1 and "threads" not in specs.name("shim", "0.7.0", opts | {"threads": 1})
 
 
 @pytest.mark.parametrize("bad", ("nosave@0.7.0:4:nosave=2", "nosave_shim@0.7.0:4:verify=off", "shim@0.7.0:3:nosave=3",
-                                 "shim@0.7.0:3:size=9b", "shim@0.7.0:3:verify=on", "nosuch@0.7.0:3"))
+                                 "shim@0.7.0:3:size=9b", "shim@0.7.0:3:verify=on", "nosuch@0.7.0:3",
+                                 "shim@0.7.0:3:threads=0", "nosave@0.7.0:3:threads=4"))
 def test_specs_that_would_measure_nothing_are_refused_before_any_run(bad):
     with pytest.raises(SystemExit, match="bad run spec"):
         specs.parse(bad)
