@@ -69,10 +69,10 @@ class Job:
             self.finalize()
         self.warmed = len(self.saw)
 
-    def finalize(self, blocking=True):
+    def finalize(self, blocking=True, no_dist=True):
         pending = [c.idx for c in self.q.async_calls]
         try:
-            count = len(self.q.maybe_finalize_async_calls(blocking=blocking, no_dist=True))
+            count = len(self.q.maybe_finalize_async_calls(blocking=blocking, no_dist=no_dist))
             left = [c.idx for c in self.q.async_calls]  # NVRx returns the requests' own call_idx (0) here
             self.saw.append({"finalize": pending, "count": count, "left": left})
         except Exception as exc:
