@@ -238,7 +238,9 @@ def main(argv=None) -> int:
         report = [r for r in runs_of(json.load(open(paths[0]))) if re.search(only, r["name"])]
     if target:
         with open(target, "w") as f:
-            f.write(chart.svg(rows(report), "colocated GRPO on one H200 (bench/e2e)", os.path.basename(DEFAULT)))
+            gpus = sorted({(r.get("meta") or {}).get("gpu") or "GPU" for r in runs_of(report)})
+            f.write(chart.svg(rows(report), f"colocated GRPO on one {' / '.join(gpus)} (bench/e2e)",
+                              os.path.basename(paths[0])))
     elif "--readme" in argv:
         print(markdown(report, SHORT))
     elif "--sweep" in argv:  # --pair machine: ratios across the calls of one machine and boot
