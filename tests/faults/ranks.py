@@ -12,38 +12,17 @@ The parent never waits for a rank that ended without answering.
 
 import datetime
 import os
-import queue
-import sys
 
 import entry  # tests/nvrx_scenarios, on the runner's PYTHONPATH
 import fault_io
 import faults
+import scenario
 
 
 def one_dies(opts):
-    import torch.multiprocessing as mp
-
-    root = opts["root"]
-    os.makedirs(root, exist_ok=True)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, root, opts, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = []
-    while len(out) < len(procs):
-        try:
-            out.append(results.get(timeout=1))
-        except queue.Empty:
-            answered = {r["rank"] for r in out}
-            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode is not None and i not in answered]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(f"rank(s) died before answering: {dead}")
-    for p in procs:
-        p.join(timeout=30)
-    return {"ranks": sorted(out, key=lambda r: r["rank"]), "exitcodes": [p.exitcode for p in procs]}
+    os.makedirs(opts["root"], exist_ok=True)
+    ranks, exitcodes = scenario.spawn_ranks(_rank, opts["root"], opts)
+    return {"ranks": ranks, "exitcodes": exitcodes}
 
 
 def _rank(rank, root, opts, results):
@@ -51,7 +30,6 @@ def _rank(rank, root, opts, results):
     import torch.distributed as dist
 
     import colo_shim
-    import scenario
 
     colo_shim.install(["nvrx", "megatron"])
     from colo_shim.cli import saver as cs

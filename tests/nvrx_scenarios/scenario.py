@@ -366,18 +366,23 @@ def nemo_rl_worker(opts):
 def two_ranks(opts):
     """Two gloo ranks, each with its own worker, whose fences may decide differently (one writer's
     side door open, the other's not): the job's collective finalize must still match on both."""
+    return {"ranks": spawn_ranks(_rank_main, tempfile.mkdtemp(), opts)[0]}
+
+
+def spawn_ranks(target, root, opts, n=2):
+    """Starts target(rank, root, opts, results) in n spawned ranks and returns (their answers by rank,
+    their exit codes). A rank that ended without answering is the answer, not a wait for a deadline."""
     import queue
 
     import torch.multiprocessing as mp
 
-    root = tempfile.mkdtemp()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, root, opts, results)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, root, opts, results)) for r in range(n)]
     for p in procs:
         p.start()
     out = []
-    while len(out) < len(procs):  # a rank that died is the answer, not a wait for the deadline
+    while len(out) < len(procs):
         try:
             out.append(results.get(timeout=1))
         except queue.Empty:
@@ -389,10 +394,9 @@ def two_ranks(opts):
                 for p in procs:
                     p.kill()
                 raise RuntimeError(f"rank(s) died before answering: {dead}")
-    out.sort(key=lambda r: r["rank"])
     for p in procs:
         p.join(timeout=30)
-    return {"ranks": out}
+    return sorted(out, key=lambda r: r["rank"]), [p.exitcode for p in procs]
 
 
 def cpu_collectives():
