@@ -8,7 +8,7 @@ targets, each wrapped once, and uninstall must restore every original object.
 import pytest
 
 from helpers import deps_dir, doubles_path
-from ordering import check_orderings, run_ordering
+from ordering import ORDERINGS, check_orderings, run_orderings
 
 NVRX = "nvidia_resiliency_ext.checkpointing.async_ckpt"
 MCORE = "megatron.core"
@@ -33,9 +33,11 @@ FAMILIES = {
 def test_family_orderings(name):
     spec = FAMILIES[name]
     path = spec["path"]()
-    baseline = run_ordering("target-first", spec["patches"], spec["modules"], pythonpath=path)
+    results = run_orderings((*ORDERINGS, "uninstall"), spec["patches"], spec["modules"], first=spec["first"],
+                            pythonpath=path)
+    baseline = results["target-first"]
     applied = {t for t, s in baseline["status"].items() if s == "applied"}
     assert set(spec["must"]) <= applied, baseline
     assert "failed" not in baseline["status"].values(), baseline
-    check_orderings(spec["patches"], spec["modules"], expected_applied=applied, first=spec["first"], pythonpath=path,
+    check_orderings(spec["patches"], spec["modules"], expected_applied=applied, results=results,
                     orderings=("shim-first", "submodule-first", "install-twice", "reinstall"))
