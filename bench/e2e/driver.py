@@ -153,6 +153,7 @@ def driver(args) -> int:
             run["level1_backup_per_rank_gib"] = [round(b / GIB, 3) for b in rec.engine.call("report", "worker_pinned")]
             run["level1_backup_gib"] = max(run["level1_backup_per_rank_gib"])
         run["vllm"] = _vllm_version(rec.engine)
+        run["platform"] = platform()  # the orchestrator's meta: it never imports torch itself
         run["params"] = params
         rec.write()
         val = next(_batches(dict(sz, prompts=2, generations=1), 1))
@@ -225,6 +226,14 @@ def _count_params(hf) -> int:
 
 def _vllm_version(engine):
     return engine.call("report", "version")
+
+
+def platform() -> dict:
+    """torch and the GPU, for the call's meta: the driver has torch loaded, while importing it in the
+    orchestrator only for this would cost each call seconds of CPU (most of a test's orchestrator)."""
+    import torch
+
+    return {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 # ============================================================================ orchestrator

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -50,8 +49,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SITE = os.path.join(HERE, "site")
 GIB = float(1 << 30)
 sys.path[:0] = [p for p in (REPO, SITE) if p not in sys.path]
-from bench.e2e.driver import MODES, SIZES, params_of  # noqa: E402
+from bench.e2e.driver import MODES, SIZES, params_of, platform as driver_platform  # noqa: E402
 from bench.e2e.specs import name as _name, parse as _parse  # noqa: E402
+from colo_shim.cli import groups  # noqa: E402
 
 
 def _site_path(args, nvrx: str) -> list:
@@ -119,9 +119,8 @@ def orchestrate(args) -> int:
         work = os.path.join(args.work, f"{mode}-{tag}")
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
-        for p in (progress,):
-            if os.path.exists(p):
-                os.remove(p)
+        if os.path.exists(progress):
+            os.remove(progress)
         cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--mode", mode, "--name", name, "--nvrx", nvrx,
                "--steps", str(steps), "--size", size, "--val-period", str(args.val_period), "--progress", progress,
                "--nosave-steps", str(opts["nosave"]), "--verify", "0" if opts.get("verify") else "1",
@@ -139,11 +138,7 @@ def orchestrate(args) -> int:
             rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # trainer, engine, NVRx writer, verifier: all of the session
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        end_run(proc)
         log.close()
         # A driver killed at its limit cannot remove its checkpoints, nor NVRx its shared-memory
         # buffers: whatever this run left in /dev/shm would fill the next run's host memory.
@@ -168,7 +163,8 @@ def orchestrate(args) -> int:
             measured_free.append((size, min(row["free_after_offload_gib"])))
         results.append(row)
         print(f"[e2e] {name}: {len(row['steps'])} steps, {row['wall_s']}s, error={str(row.get('error'))[:300]}", flush=True)
-    meta = dict(_meta(args), call=call)
+    platforms = [row.pop("platform") for row in results if row.get("platform")]
+    meta = dict(_meta(args, platforms[0] if platforms else None), call=call)
     report = [dict(row, meta=meta) for row in results]
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
@@ -178,6 +174,13 @@ def orchestrate(args) -> int:
     return 0
 
 
+def end_run(proc) -> None:
+    """Kill a run's session (the driver if still there, trainer, engine, NVRx writer, verifier) but
+    not multiprocessing's resource tracker, which then unlinks what their queues left in /dev/shm."""
+    groups.end(proc.pid)  # a killpg took the tracker too: 6 sem.mp-* of a driver's queues stayed
+    proc.wait()
+
+
 def _unlink(path):
     try:
         os.unlink(path)
@@ -185,15 +188,15 @@ def _unlink(path):
         pass
 
 
-def _meta(args) -> dict:
+def _meta(args, platform: dict | None) -> dict:
+    """platform: torch and the GPU as a driver of this call saw them; the orchestrator asks torch
+    itself only when no driver got that far (importing it costs seconds of CPU for two values)."""
     from bench.e2e.hostmem import mem_total
 
     out = {"size": args.size, "sizes": SIZES[args.size], "val_period": args.val_period,
            "kv_margin_gib": args.kv_margin_gib, "mem_total_gib": round(mem_total() / GIB, 2), "boot": _boot()}
     try:
-        import torch
-
-        out.update(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+        out.update(platform or driver_platform())
     except Exception:
         pass
     return out

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from harness.procs import PYTHON, REPO, clean_env
-from helpers import deps_dir, run_python
+from helpers import SEMAPHORE_OWNER, deps_dir, run_python
 
 MAIN = "import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -108,20 +108,6 @@ def test_readme_command_1_installs_into_a_venv_of_the_python_the_demo_needs_and_
     assert not re.findall(r"://(?!pypi\.org)\S+", readme)  # no registry but PyPI named in the repo's README
 
 
-OWNER = """
-import multiprocessing as mp, os, sys, time
-def hold(q):
-    time.sleep(3600)
-if __name__ == "__main__":
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    ctx.Process(target=hold, args=(q,), daemon=True).start()
-    names = [q._rlock._semlock.name, q._wlock._semlock.name, q._sem._semlock.name]
-    print(" ".join(n.lstrip("/") for n in names), flush=True)
-    os._exit(0)  # no cleanup: as a child whose writer hangs, ended by the demo
-"""
-
-
 def test_the_demo_ends_its_childs_group_but_lets_the_resource_tracker_unlink_the_semaphores(tmp_path):
     """Issue 35 item 2: killing the child's whole group (its resource tracker too) left each run's
     queue semaphores in /dev/shm (19 per demo run on main). The tracker is spared and unlinks them.
@@ -129,7 +115,7 @@ def test_the_demo_ends_its_childs_group_but_lets_the_resource_tracker_unlink_the
     from colo_shim.cli import groups
 
     script = tmp_path / "owner.py"
-    script.write_text(OWNER)
+    script.write_text(SEMAPHORE_OWNER)
     proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True,
                             env=clean_env())
     names = proc.stdout.readline().split()
@@ -154,7 +140,7 @@ def test_the_scenario_runner_ends_a_scenario_without_leaving_its_semaphores(tmp_
     from nvrx_scenarios import runner
 
     script = tmp_path / "owner.py"
-    script.write_text(OWNER)
+    script.write_text(SEMAPHORE_OWNER)
     outcome = runner.run("owner", {}, nvrx="0.7.0", script=str(script), timeout=120)
     names = outcome.stdout.split()
     try:

@@ -19,7 +19,8 @@ def run_harness(tmp_path, runs: str, val_period: int = 2, **env) -> list:
     out = tmp_path / "out"
     cmd = [PYTHON, os.path.join(REPO, "bench", "e2e", "run.py"), "--runs", runs, "--size", "tiny",
            "--fake-engine", "--site", str(site), "--out", str(out), "--work", str(tmp_path / "work"),
-           "--ckpt-dir", str(tmp_path / "ckpt"), "--val-period", str(val_period), "--per-run-s", "240"]
+           "--ckpt-dir", str(tmp_path / "ckpt"), "--disk-dir", str(tmp_path / "disk"), "--val-period", str(val_period),
+           "--per-run-s", "240"]
     proc = subprocess.run(cmd, env=clean_env(**env), capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.load(open(out / "e2e.json"))

@@ -20,6 +20,23 @@ DOUBLES = os.path.join(REPO, "tests", "doubles")
 TARGETS = os.path.join(REPO, "tests", "targets")
 
 
+# A process that leaves a spawned child holding a queue's three named semaphores and exits without
+# cleanup, as a driver or trainer whose writer hangs does: stdout names the semaphores; the child and
+# multiprocessing's resource tracker live on in its process group, which a test then ends.
+SEMAPHORE_OWNER = """
+import multiprocessing as mp, os, sys, time
+def hold(q):
+    time.sleep(3600)
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ctx.Process(target=hold, args=(q,), daemon=True).start()
+    names = [q._rlock._semlock.name, q._wlock._semlock.name, q._sem._semlock.name]
+    print(" ".join(n.lstrip("/") for n in names), flush=True)
+    os._exit(0)  # no cleanup: as a child whose writer hangs, ended by its parent
+"""
+
+
 def deps_dir(name: str, version: str) -> str:
     """Directory holding one version of a target library (installed by .ci/install_deps.sh)."""
     root = os.environ.get("COLO_SHIM_TEST_DEPS", os.path.join(REPO, ".deps"))
