@@ -40,8 +40,16 @@ def _alive(q):
     return proc is not None and proc.is_alive()
 
 
+def _shim_errors() -> dict:
+    import colo_shim
+
+    return {k: v for r in colo_shim.status() for k, v in r["details"].get("shim_errors", {}).items()}
+
+
+@contextlib.contextmanager
 def _break_after_knock(where):
-    """Make one fence step raise once, after the worker has already dropped its cache."""
+    """Make one fence step raise once, after the worker has already dropped its cache (put back at
+    the end in any case: the next case in this process fences with the real steps)."""
     from colo_shim.checkpoint import door, release, state
 
     real = {"knock": door.knock, "mismatch": release._mismatch, "collect": release.collect_cuda}
@@ -65,6 +73,10 @@ def _break_after_knock(where):
         release._mismatch = mismatch_raises
     elif where == "collect":
         release.collect_cuda = collect_raises
+    try:
+        yield
+    finally:
+        door.knock, release._mismatch, release.collect_cuda = real["knock"], real["mismatch"], real["collect"]
 
 
 def half_fence(opts):
@@ -72,18 +84,18 @@ def half_fence(opts):
     its data and complete (before the fix the worker died on a cache miss and the trainer hung in
     preload_q.join()), and equal the state it saved."""
     cs = _setup(opts)
-    import colo_shim
     from colo_shim.checkpoint import fence, state
 
+    errors_before = _shim_errors()  # contained errors are counted per process; this case's are the new ones
     with _workdir() as root:
         q, live = _warm(cs, root, 7)
         state.note_cuda_sent(q)  # CPU machine: play a writer that was sent CUDA tensors
-        _break_after_knock(opts["where"])
         out = {"raised": None}
-        try:  # as every wrapper runs it before an offload
-            fence.guarded("offload")
-        except Exception as exc:
-            out["raised"] = type(exc).__name__
+        with _break_after_knock(opts["where"]):
+            try:  # as every wrapper runs it before an offload
+                fence.guarded("offload")
+            except Exception as exc:
+                out["raised"] = type(exc).__name__
         out["worker_alive_after_fence"] = _alive(q)
         live["w"].add_(1)
         at = {k: v.clone() for k, v in live.items()}
@@ -91,7 +103,8 @@ def half_fence(opts):
         out["finalized"] = len(cs.finalize(q))
         out["equal"] = _same(cs, f"{root}/next", at)
         out["worker_alive_after_save"] = _alive(q)
-        out["shim_errors"] = {k: v for r in colo_shim.status() for k, v in r["details"].get("shim_errors", {}).items()}
+        errors = _shim_errors()
+        out["shim_errors"] = {k: n - errors_before.get(k, 0) for k, n in errors.items() if n > errors_before.get(k, 0)}
         q.close()
         return out
 

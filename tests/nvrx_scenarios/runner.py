@@ -36,6 +36,30 @@ class Outcome:
         return json.loads(lines[-1])
 
 
+@dataclass
+class Cases:
+    """The outcome of run_cases: each case's result, or why there is none, and what it wrote to stderr."""
+    outcome: Outcome
+
+    def _lines(self) -> dict:
+        lines = [json.loads(line) for line in self.outcome.stdout.splitlines() if line.startswith('{"case"')]
+        return {line["case"]: line for line in lines}
+
+    def result(self, key: str):
+        line = self._lines().get(key)
+        if line is None:  # it hung or the process died: the runner's deadline ended what was left
+            raise AssertionError(f"case {key} never ended (rc={self.outcome.returncode}, timed out="
+                                 f"{self.outcome.timed_out})\n--- stderr\n{self.outcome.stderr[-4000:]}")
+        if "error" in line:
+            raise AssertionError(f"case {key} raised\n{line['error']}\n--- its stderr\n{self.stderr(key)[-3000:]}")
+        return line["result"]
+
+    def stderr(self, key: str) -> str:
+        """What was written to stderr from this case's start to the next case's (its workers' too)."""
+        parts = self.outcome.stderr.split(f"[case {key}]\n", 1)
+        return parts[1].split("\n[case ", 1)[0] if len(parts) == 2 else ""
+
+
 def pythonpath(nvrx: str, mcore: str | None = "0.19.2", doubles: str | None = None) -> str:
     parts = [REPO, HERE, deps_dir("nvrx", nvrx)]
     if mcore:
@@ -56,6 +80,12 @@ def run(name: str, opts: dict, *, nvrx: str, mcore: str | None = "0.19.2", doubl
         return _run(name, opts, nvrx, mcore, doubles, timeout, dict(env or {}, TMPDIR=scratch), until, script)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_cases(cases: dict, **kwargs) -> Cases:
+    """cases: {key: (scenario name, options)}, run in this order in one process (entry.py says when
+    cases may share one); kwargs as run(), whose timeout is then the whole run's safety net."""
+    return Cases(run("--cases", [[key, name, opts] for key, (name, opts) in cases.items()], **kwargs))
 
 
 def _run(name, opts, nvrx, mcore, doubles, timeout, env, until, script) -> Outcome:
