@@ -6,7 +6,9 @@ finalize_async_save / save_checkpoint / _requires_nvrx_cuda_cache_release) and o
 (begin_finalization's background rename and pruning). Each save's write is gated: it cannot finish
 until the scenario opens the gate, which it does after both refit offloads returned and training
 changed the tensors. Code that waits for the write inside an offload is recorded and lets it
-through (so old code fails on an assertion, never by hanging).
+through (so old code fails on an assertion, never by hanging). The cases with the default
+settings share one process (tests/nvrx_scenarios/entry.py), each with its own worker and queue;
+a case with other settings has its own.
 """
 
 import pytest
@@ -15,6 +17,12 @@ from nvrx_scenarios import runner
 
 MAIN = runner.os.path.join(runner.HERE, "main_async.py")
 STAGE = {"COLO_SHIM_NVRX_RELEASE": "stage"}
+DEFAULT = {  # the cases that inject a fault last
+    "impl": {"ray_class": False, "cuda": True},
+    "ray_actor_class": {"ray_class": True, "cuda": True},
+    "inject-fence": {"cuda": True, "inject": "fence"},
+    "inject-bookkeeping": {"cuda": True, "inject": "bookkeeping"},
+}
 
 
 def _outcome(opts, env=None):
@@ -24,6 +32,12 @@ def _outcome(opts, env=None):
 
 def _run(opts, env=None):
     return _outcome(opts, env).result
+
+
+@pytest.fixture(scope="module")
+def default_cases():
+    cases = {key: ("main_refit", {"steps": 3, **opts}) for key, opts in DEFAULT.items()}
+    return runner.run_cases(cases, nvrx="0.7.0", doubles="main", script=MAIN, timeout=600)
 
 
 def _bookkeeping(result):
@@ -53,10 +67,10 @@ def _default_result(result):
 
 
 @pytest.mark.parametrize("cls", ("impl", "ray_actor_class"))
-def test_default_offload_returns_with_a_cuda_write_held_and_keeps_the_worker(cls):
+def test_default_offload_returns_with_a_cuda_write_held_and_keeps_the_worker(default_cases, cls):
     """ray_actor_class: the class a Ray actor runs, whose methods `@ray.remote` captured, so the
     offload's `self.finalize_async_save()` goes through Ray's method wrapper to the patch."""
-    _default_result(_run({"ray_class": cls == "ray_actor_class", "cuda": True}))
+    _default_result(default_cases.result(cls))
 
 
 def test_retired_stage_runs_as_the_default_and_says_so_once():
@@ -80,12 +94,12 @@ def test_main_code_runs_unchanged_without_a_releasing_strategy(release):
 
 
 @pytest.mark.parametrize("where", ("fence", "bookkeeping"))
-def test_a_colo_shim_fault_in_mains_offload_runs_mains_own_steps_and_never_escapes(where):
+def test_a_colo_shim_fault_in_mains_offload_runs_mains_own_steps_and_never_escapes(default_cases, where):
     """Issue 32 item 3: colo-shim's part of main's offload raises (the fence, or the live-queue
     bookkeeping read after it). Main's own blocking finalize, close and cache cleanup then run in
     their place, as without colo-shim, the offload itself never sees the error, and status says so.
     Before the fix the fence's error skipped main's steps, and the bookkeeping's escaped the offload."""
-    result = _run({"cuda": True, "inject": where})
+    result = default_cases.result(f"inject-{where}")
     for row in result["steps"]:  # main's own finalize waited, closed the writer, dropped the caches
         assert row["offload_waited"] is True and row["pending_after_offload"] == 0, row
         assert row["pid_after"] is None, row

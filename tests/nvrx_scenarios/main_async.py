@@ -8,6 +8,7 @@ while an offload runs is recorded and opens the gate itself, so code that waits 
 finalize) finishes and is seen waiting instead of hanging. The last stdout line is the JSON result.
 """
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -23,10 +24,29 @@ def _pid(q):
 def main_refit(opts):
     """GRPO on main, `steps` times: save (gated) -> both refit offloads -> training changes the
     tensors -> gate opens -> checkpointer.begin_finalization(wait_fn=worker.finalize_async_save) ->
-    finalize_pending (as the next save does); the latest step_N is read back against its step."""
+    finalize_pending (as the next save does); the latest step_N is read back against its step.
+    The megatron row's counters are this process's: a case reports what they gained during it."""
     import colo_shim
 
     colo_shim.install(["nvrx", "megatron"])
+    before = _megatron_details()
+    with _inject(opts.get("inject")):
+        return _main_refit(opts, before)
+
+
+def _megatron_details() -> dict:
+    import colo_shim
+
+    return next(r["details"] for r in colo_shim.status() if r["name"] == "megatron")
+
+
+def _gained(before: dict, after: dict, keep_zero: bool) -> dict:
+    gained = {k: n - before.get(k, 0) for k, n in after.items()}
+    return gained if keep_zero else {k: n for k, n in gained.items() if n}
+
+
+def _main_refit(opts, before):
+    import colo_shim
     import torch
     from colo_shim.checkpoint import state
     from colo_shim.cli import saver as cs
@@ -36,7 +56,6 @@ def main_refit(opts):
     import gated_io
 
     cs.init_single_rank()
-    _inject(opts.get("inject"))
     root = tempfile.mkdtemp()
     model = torch.nn.Linear(8, 8)
     cfg = {"model": model, "optimizer": None, "generation": {"colocated": {"enabled": True}},
@@ -101,24 +120,32 @@ def main_refit(opts):
     out["cache_flag"] = worker._async_checkpoint_cuda_cache_active
     out["status"] = {s["target"].split(":")[1]: s["status"] for s in colo_shim.status()
                      if s["target"].endswith("finalize_async_save")}
-    details = next(r["details"] for r in colo_shim.status() if r["name"] == "megatron")
-    out["stats"], out["shim_errors"] = details.get("nemo_rl_main"), details.get("shim_errors", {})
+    details = _megatron_details()
+    out["stats"] = _gained(before.get("nemo_rl_main", {}), details.get("nemo_rl_main", {}), keep_zero=True)
+    out["shim_errors"] = _gained(before.get("shim_errors", {}), details.get("shim_errors", {}), keep_zero=False)
     q.close()
     return out
 
 
+@contextlib.contextmanager
 def _inject(where):
     """A fault in colo-shim's own part of main's offload (issue 32 item 3): the fence itself, or
-    the bookkeeping of live queues that the fence and the offload's log line both read."""
+    the bookkeeping of live queues that the fence and the offload's log line both read (put back
+    at the end: the next case in this process runs with the real ones)."""
     from colo_shim.checkpoint import fence, state
 
     def broken(*args, **kwargs):
         raise RuntimeError(f"injected fault in colo-shim's {where}")
 
+    real = fence.fence, state.live_queues
     if where == "fence":
         fence.fence = broken
     elif where == "bookkeeping":
         state.live_queues = broken
+    try:
+        yield
+    finally:
+        fence.fence, state.live_queues = real
 
 
 def finalize_offloads(opts):
