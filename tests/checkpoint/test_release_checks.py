@@ -2,7 +2,9 @@
 
 Real NVRx workers. "Renamed internals" and "dev snapshot" are real NVRx 0.7.0 copied with one
 change each (the worker cache attribute renamed in its sources; the version in its metadata), as
-an upstream refactor or a NeMo-RL v0.6-style 0.6.0 dev pin would present them.
+an upstream refactor or a NeMo-RL v0.6-style 0.6.0 dev pin would present them. The three cases on
+NVRx 0.7.0 itself share one scenario process (tests/nvrx_scenarios/entry.py), each with its own
+worker and queue; a copy of NVRx, or a check of the process's one warning, has a process of its own.
 """
 
 import os
@@ -19,6 +21,13 @@ HOST = os.path.join(runner.HERE, "host_only.py")
 def _host(name, opts, pythonpath, env=None):
     return run_python(HOST, pythonpath=(runner.HERE, pythonpath), args=(name, __import__("json").dumps(opts)),
                       env=env, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def nvrx_070():
+    cases = {"release_check": ("release_check", {}), "drop_report": ("drop_report", {}),
+             "marker_order": ("marker_order", {})}
+    return runner.run_cases(cases, nvrx="0.7.0", mcore=None, script=HOST, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +53,13 @@ def dev_snapshot(tmp_path_factory):
 
 
 @pytest.mark.parametrize("nvrx, entries", (("0.6.0", 0), ("0.7.0", 1)))
-def test_drop_reports_what_the_worker_freed(nvrx, entries):
+def test_drop_reports_what_the_worker_freed(request, nvrx, entries):
     # host tensors on this machine: 0.7.0's shared-memory path caches them under one key, 0.6.0's
     # caches GPU tensors only, so its worker holds nothing (and the fence then expects nothing)
-    out = last_json(_host("drop_report", {}, deps_dir("nvrx", nvrx)))
+    if nvrx == "0.7.0":
+        out = request.getfixturevalue("nvrx_070").result("drop_report")
+    else:
+        out = last_json(_host("drop_report", {}, deps_dir("nvrx", nvrx)))
     assert out["door"] == out["queued"], out  # the side door and the queued drop free the same
     ran, found, got_entries, tensors, cuda, nbytes, req_tensors, req_cuda = out["door"]
     assert (ran, found, got_entries, cuda) == (1, 1, entries, 0), out
@@ -55,8 +67,8 @@ def test_drop_reports_what_the_worker_freed(nvrx, entries):
     assert (tensors >= 3 and nbytes >= 6144) if entries else (tensors, nbytes) == (0, 0)
 
 
-def test_inplace_release_is_used_when_the_drop_matches():
-    out = last_json(_host("release_check", {}, deps_dir("nvrx", "0.7.0")))
+def test_inplace_release_is_used_when_the_drop_matches(nvrx_070):
+    out = nvrx_070.result("release_check")
     assert out["released"] == [["inplace"], ["inplace"]] and out["fallbacks"] == 0
     assert out["equal"] == [True, True]
 
@@ -81,8 +93,8 @@ def test_dev_snapshot_is_untested_restart_is_used_and_doctor_says_so(dev_snapsho
     assert "recommended restart" in doctor.stdout
 
 
-def test_a_completion_read_while_releasing_is_handed_back_and_a_late_marker_is_skipped():
-    out = last_json(_host("marker_order", {}, deps_dir("nvrx", "0.7.0")))
+def test_a_completion_read_while_releasing_is_handed_back_and_a_late_marker_is_skipped(nvrx_070):
+    out = nvrx_070.result("marker_order")
     assert out["handed_back"] == out["expected"]  # read while waiting for our marker, kept for NVRx
     assert out["finalized_nonblocking"] == 1  # ... and the host's next (non-blocking) finalize gets it
     assert out["timed_out"] is True and out["owed_after_timeout"] == 1
