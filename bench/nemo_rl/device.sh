@@ -6,7 +6,7 @@
 #   bash bench/nemo_rl/device.sh part 0        # copies both part 0s to /tmp
 #   bash bench/nemo_rl/device.sh part 1
 #   bash bench/nemo_rl/device.sh part 2        # copies, checks, unpacks, builds TE's torch extension, makes inputs
-#   bash bench/nemo_rl/device.sh run a 6       # main as is; then run b 6 (COLO_SHIM=1), run c 6 (async_save false)
+#   bash bench/nemo_rl/device.sh run b,a 6     # b: COLO_SHIM=1, a: main as is, c: async_save false; in order
 # Each run leaves $OUT/run_<X>.json (report.py), $OUT/run_<X>_logs.tar.gz and $OUT/stage.json on staging.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,12 +40,6 @@ PY
         gcc -shared -fPIC -O2 -Wl,--version-script=$N/te/cublaslt_grouped_stub.map -o $N/te/libcublaslt_grouped_stub.so \
             $N/te/cublaslt_grouped_stub.c && PRE=$N/te/libcublaslt_grouped_stub.so
     fi
-    (cd $N/te && tar -xzf transformer_engine_torch-2.15.0.tar.gz && cd transformer_engine_torch-2.15.0 && \
-        CPLUS_INCLUDE_PATH=$INC NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 PYTHONPATH=$N/te/site \
-        python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target $N/te/torch_ext . \
-        > $N/te_build.log 2>&1); te_rc=$?
-    tail -5 $N/te_build.log
-    t2=$(date +%s)
     cat > $N/env.sh <<ENV
 export PYTHONPATH=$N/cs:$N/src/rl:$N/src/mb/src:$N/src/mlm:$N/site:$N/te/site:$N/te/torch_ext:$REPO/bench/nemo_rl/stubs:/tmp/site
 export LD_LIBRARY_PATH=$CU/lib:\${LD_LIBRARY_PATH:-}
@@ -55,39 +49,60 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 TOKENIZ
 export RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ENV
     . $N/env.sh
-    PYTHONPATH=$REPO python3 -m colo_shim bundle $N/cs > $N/cs.log 2>&1 || tail -3 $N/cs.log
-    python3 bench/nemo_rl/make_inputs.py $N/inputs > $N/inputs.log 2>&1; in_rc=$?
+    # the inputs (CPU) are made while TE's extension builds
+    (PYTHONPATH=$REPO python3 -m colo_shim bundle $N/cs > $N/cs.log 2>&1 || tail -3 $N/cs.log
+     python3 bench/nemo_rl/make_inputs.py $N/inputs > $N/inputs.log 2>&1; echo $? > $N/inputs.rc) &
+    INPUTS=$!
+    (cd $N/te && tar -xzf transformer_engine_torch-2.15.0.tar.gz && cd transformer_engine_torch-2.15.0 && \
+        CPLUS_INCLUDE_PATH=$INC NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 PYTHONPATH=$N/te/site \
+        python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target $N/te/torch_ext . \
+        > $N/te_build.log 2>&1); te_rc=$?
+    tail -5 $N/te_build.log; [ $te_rc = 0 ] || grep -m8 -i 'error' $N/te_build.log; cp $N/te_build.log "$OUT/"
+    t2=$(date +%s)
+    wait $INPUTS; in_rc=$(cat $N/inputs.rc)
     tail -1 $N/inputs.log
     python3 -c "import transformer_engine.pytorch, megatron.bridge, nemo_rl.algorithms.grpo, vllm; print('imports ok')" 2>&1 | tail -2
     t3=$(date +%s)
     echo "{\"unpack_s\": $((t1-t0)), \"te_build_s\": $((t2-t1)), \"te_build_rc\": $te_rc, \"inputs_rc\": $in_rc, \"rest_s\": $((t3-t2)), \"cublas_stub\": \"$PRE\"}" | tee "$OUT/stage.json"
     exit $te_rc
 fi
-[ "$what" = run ] || { echo "part N | run a|b|c STEPS"; exit 2; }
-run=$1; steps=${2:-6}
+[ "$what" = run ] || { echo "part N | run a|b|c[,..] STEPS"; exit 2; }
+runs=${1//,/ }; steps=${2:-6}
 [ -f $N/env.sh ] || { echo "not staged: run the three part calls first"; exit 1; }
 . $N/env.sh
-R=/tmp/nemo_runs/$run
-rm -rf "$R"; mkdir -p "$R/shim_status"
-eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
-ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
-export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO
-python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
-python3 -c "from ray.scripts.scripts import main; main()" start --head --include-dashboard=false --num-gpus=1 \
-    --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
-t0=$(date +%s)
-(cd $N/src/rl && exec python3 $ARGS) > "$R/driver.log" 2>&1 &
-DRV=$!
-python3 bench/nemo_rl/sampler.py "$R/samples.jsonl" $DRV > "$R/sampler.log" 2>&1 &
-python3 bench/nemo_rl/actor_status.py "$R/actor_status.json" $DRV > "$R/actor_status.log" 2>&1 &
-wait $DRV; rc=$?
-t1=$(date +%s)
-sleep 3
-python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
-python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
-python3 bench/nemo_rl/report.py --run "$run" --rc $rc --wall-s $((t1-t0)) --dir "$R" > "$OUT/run_$run.json"
-python3 bench/nemo_rl/report.py --table "$OUT/run_$run.json"
-(cd "$R" && tar czf "$OUT/run_${run}_logs.tar.gz" driver.log *.json *.log shim_status logs 2>/dev/null)
-grep -h "Error\|Traceback\|out of memory" "$R/driver.log" | sort | uniq -c | sort -rn | head -12
-exit $rc
+# Several runs may share one call (RUN_BUDGET_S, default 540 s): the next starts only if the last one's wall time
+# still fits, and a job still running at the budget is stopped so that its logs and JSON come back.
+budget=${RUN_BUDGET_S:-540}; T=$(date +%s); last=0; rc_all=0
+for run in $runs; do
+    if [ $(( $(date +%s) - T + last )) -gt "$budget" ]; then echo "run $run skipped: ${last}s would pass the budget"; continue; fi
+    ts=$(date +%s); R=/tmp/nemo_runs/$run
+    rm -rf "$R"; mkdir -p "$R/shim_status"
+    (
+    eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
+    ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
+    export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO
+    python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
+    python3 -c "from ray.scripts.scripts import main; main()" start --head --include-dashboard=false --num-gpus=1 \
+        --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
+    t0=$(date +%s)
+    (cd $N/src/rl && exec timeout -k 10 $(( budget - $(date +%s) + T )) python3 $ARGS) > "$R/driver.log" 2>&1 &
+    DRV=$!
+    python3 bench/nemo_rl/sampler.py "$R/samples.jsonl" $DRV > "$R/sampler.log" 2>&1 &
+    python3 bench/nemo_rl/actor_status.py "$R/actor_status.json" $DRV > "$R/actor_status.log" 2>&1 &
+    wait $DRV; rc=$?
+    t1=$(date +%s)
+    sleep 3
+    python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
+    python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
+    python3 bench/nemo_rl/report.py --run "$run" --rc $rc --wall-s $((t1-t0)) --dir "$R" > "$OUT/run_$run.json"
+    python3 bench/nemo_rl/report.py --table "$OUT/run_$run.json"
+    (cd "$R" && tar czf "$OUT/run_${run}_logs.tar.gz" driver.log *.json *.log shim_status logs 2>/dev/null)
+    grep -h "Error\|Traceback\|out of memory" "$R/driver.log" | sort | uniq -c | sort -rn | head -12
+    [ $rc = 0 ] || grep -v "it/s]\|s/it]" "$R/driver.log" | tail -40 | cut -c1-400
+    exit $rc
+    ); rc=$?
+    [ $rc = 0 ] || rc_all=$rc
+    last=$(( $(date +%s) - ts ))
+done
+exit $rc_all

@@ -23,6 +23,8 @@ def overrides(steps: int, inputs: str, out: str) -> list:
         "policy.train_micro_batch_size=4",
         "policy.max_total_sequence_length=256",
         "policy.generation.vllm_cfg.gpu_memory_utilization=0.5",
+        # no torch.compile / CUDA-graph capture at each run's vLLM start: device minutes, the same in a, b and c
+        "policy.generation.vllm_cfg.enforce_eager=true",
         "data.train.dataset_name=ResponseDataset",
         f"+data.train.data_path={inputs}/math.jsonl",
         "+data.train.input_key=input",
