@@ -7,6 +7,8 @@
 #   bash bench/nemo_rl/device.sh part 1
 #   bash bench/nemo_rl/device.sh part 2        # copies, checks, unpacks, builds TE's torch extension, makes inputs
 #   bash bench/nemo_rl/device.sh run b,a 6     # b: COLO_SHIM=1, a: main as is, c: async_save false; in order
+#   bash bench/nemo_rl/device.sh te-check      # alone, one call carrying the NeMo bundle's three parts: unpack, TE
+#                                              # build, TE on the GPU, main's Megatron imports (te_check.py)
 # Each run leaves $OUT/run_<X>.json (report.py), $OUT/run_<X>_logs.tar.gz and $OUT/stage.json on staging.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,14 +18,22 @@ NB=${NEMO_BUNDLE:-.nemo-bundle}
 N=/tmp/nemo
 what=${1:?part N | run a|b|c STEPS}
 shift
-if [ "$what" = part ]; then
+NEMO_ONLY=""
+if [ "$what" = te-check ]; then  # one call: the NeMo bundle alone, TE built and run on the GPU, main's imports
+    cp "$NB"/nemo-bundle.part[012] /tmp/ || exit 1
+    NEMO_ONLY=1; what=part; set -- 2
+    # what the vLLM bundle would bring and TE/main import: pydantic (TE's recipes), pyzmq (main's policy utils)
+    mkdir -p $N/check-site && for w in "$NB"/check-wheels/*.whl; do python3 -m zipfile -e "$w" $N/check-site; done
+elif [ "$what" = part ]; then
     cp "$VB/vllm-site.part$1" "$NB/nemo-bundle.part$1" /tmp/ || exit 1
+fi
+if [ "$what" = part ]; then
     ls -l /tmp/vllm-site.part* /tmp/nemo-bundle.part*
     [ "$1" = 2 ] || exit 0
     t0=$(date +%s)
-    (cd /tmp && sha256sum -c "$REPO/$VB/vllm-site.SHA256SUMS" && sha256sum -c "$REPO/$NB/nemo-bundle.SHA256SUMS") || exit 1
+    (cd /tmp && { [ -n "$NEMO_ONLY" ] || sha256sum -c "$REPO/$VB/vllm-site.SHA256SUMS"; } && sha256sum -c "$REPO/$NB/nemo-bundle.SHA256SUMS") || exit 1
     mkdir -p /tmp/site $N
-    cat /tmp/vllm-site.part0 /tmp/vllm-site.part1 /tmp/vllm-site.part2 | xz -dc | tar -x -C /tmp/site || exit 1
+    [ -n "$NEMO_ONLY" ] || cat /tmp/vllm-site.part0 /tmp/vllm-site.part1 /tmp/vllm-site.part2 | xz -dc | tar -x -C /tmp/site || exit 1
     cat /tmp/nemo-bundle.part0 /tmp/nemo-bundle.part1 /tmp/nemo-bundle.part2 | xz -dc | tar -x -C $N || exit 1
     rm -f /tmp/vllm-site.part* /tmp/nemo-bundle.part*
     t1=$(date +%s)
@@ -41,7 +51,7 @@ PY
             $N/te/cublaslt_grouped_stub.c && PRE=$N/te/libcublaslt_grouped_stub.so
     fi
     cat > $N/env.sh <<ENV
-export PYTHONPATH=$N/cs:$N/src/rl:$N/src/mb/src:$N/src/mlm:$N/site:$N/te/site:$N/te/torch_ext:$REPO/bench/nemo_rl/stubs:/tmp/site
+export PYTHONPATH=$N/cs:$N/src/rl:$N/src/mb/src:$N/src/mlm:$N/site:$N/te/site:$N/te/torch_ext:$REPO/bench/nemo_rl/stubs:/tmp/site:$N/check-site
 export LD_LIBRARY_PATH=$CU/lib:\${LD_LIBRARY_PATH:-}
 export LD_PRELOAD=$PRE
 export NEMO_RL_PY_EXECUTABLES_SYSTEM=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
@@ -57,11 +67,18 @@ ENV
         CPLUS_INCLUDE_PATH=$INC NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 PYTHONPATH=$N/te/site \
         python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target $N/te/torch_ext . \
         > $N/te_build.log 2>&1); te_rc=$?
+    # pip --target leaves the extension in torch_ext/transformer_engine/wheel_lib, where TE's loader never looks (it
+    # searches beside the imported transformer_engine package): seen on the H100, "Could not find shared object file"
+    ln -sf $N/te/torch_ext/transformer_engine/wheel_lib/transformer_engine_torch*.so $N/te/site/ || te_rc=1
     tail -5 $N/te_build.log; [ $te_rc = 0 ] || grep -m8 -i 'error' $N/te_build.log; cp $N/te_build.log "$OUT/"
     t2=$(date +%s)
     wait $INPUTS; in_rc=$(cat $N/inputs.rc)
     tail -1 $N/inputs.log
-    python3 -c "import transformer_engine.pytorch, megatron.bridge, nemo_rl.algorithms.grpo, vllm; print('imports ok')" 2>&1 | tail -2
+    if [ -n "$NEMO_ONLY" ]; then
+        python3 bench/nemo_rl/te_check.py $N/inputs/model 2>&1 | grep -v Warning | tail -25 | cut -c1-1500
+    else
+        python3 -c "import transformer_engine.pytorch, megatron.bridge, nemo_rl.algorithms.grpo, vllm; print('imports ok')" 2>&1 | tail -2
+    fi
     t3=$(date +%s)
     echo "{\"unpack_s\": $((t1-t0)), \"te_build_s\": $((t2-t1)), \"te_build_rc\": $te_rc, \"inputs_rc\": $in_rc, \"rest_s\": $((t3-t2)), \"cublas_stub\": \"$PRE\"}" | tee "$OUT/stage.json"
     exit $te_rc
