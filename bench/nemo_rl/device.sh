@@ -13,8 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
-VB=${VLLM_BUNDLE:-.vllm-bundle-0251}
-NB=${NEMO_BUNDLE:-.nemo-bundle}
+VB=$(realpath -m "${VLLM_BUNDLE:-.vllm-bundle-0251}")
+NB=$(realpath -m "${NEMO_BUNDLE:-.nemo-bundle}")
 N=/tmp/nemo
 what=${1:?part N | run a|b|c STEPS}
 shift
@@ -31,7 +31,7 @@ if [ "$what" = part ]; then
     ls -l /tmp/vllm-site.part* /tmp/nemo-bundle.part*
     [ "$1" = 2 ] || exit 0
     t0=$(date +%s)
-    (cd /tmp && { [ -n "$NEMO_ONLY" ] || sha256sum -c "$REPO/$VB/vllm-site.SHA256SUMS"; } && sha256sum -c "$REPO/$NB/nemo-bundle.SHA256SUMS") || exit 1
+    (cd /tmp && { [ -n "$NEMO_ONLY" ] || sha256sum -c "$VB/vllm-site.SHA256SUMS"; } && sha256sum -c "$NB/nemo-bundle.SHA256SUMS") || exit 1
     mkdir -p /tmp/site $N
     [ -n "$NEMO_ONLY" ] || cat /tmp/vllm-site.part0 /tmp/vllm-site.part1 /tmp/vllm-site.part2 | xz -dc | tar -x -C /tmp/site || exit 1
     cat /tmp/nemo-bundle.part0 /tmp/nemo-bundle.part1 /tmp/nemo-bundle.part2 | xz -dc | tar -x -C $N || exit 1
