@@ -69,7 +69,8 @@ ENV
         > $N/te_build.log 2>&1); te_rc=$?
     # pip --target leaves the extension in torch_ext/transformer_engine/wheel_lib, where TE's loader never looks (it
     # searches beside the imported transformer_engine package): seen on the H100, "Could not find shared object file"
-    ln -sf $N/te/torch_ext/transformer_engine/wheel_lib/transformer_engine_torch*.so $N/te/site/ || te_rc=1
+    so=$(ls $N/te/torch_ext/transformer_engine/wheel_lib/transformer_engine_torch*.so 2>/dev/null | head -1)
+    if [ $te_rc = 0 ]; then { [ -n "$so" ] && ln -sf "$so" $N/te/site/; } || te_rc=1; fi
     tail -5 $N/te_build.log; [ $te_rc = 0 ] || grep -m8 -i 'error' $N/te_build.log; cp $N/te_build.log "$OUT/"
     t2=$(date +%s)
     wait $INPUTS; in_rc=$(cat $N/inputs.rc)
