@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from harness.procs import PYTHON, REPO, clean_env
-from helpers import SEMAPHORE_OWNER, deps_dir, run_python
+from helpers import SEMAPHORE_OWNER, deps_dir, left_semaphores, run_python, semaphore_owner
 
 MAIN = "import sys; from colo_shim.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -114,24 +114,13 @@ def test_the_demo_ends_its_childs_group_but_lets_the_resource_tracker_unlink_the
     The demo and the tests' scenario runner end their children this one way (cli/groups.py)."""
     from colo_shim.cli import groups
 
-    script = tmp_path / "owner.py"
-    script.write_text(SEMAPHORE_OWNER)
-    proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            env=clean_env())
-    names = proc.stdout.readline().split()
-    proc.wait(timeout=120)  # a safety limit only
-    try:
+    with semaphore_owner(tmp_path) as (proc, names):
+        proc.wait(timeout=120)  # a safety limit only
         assert len(names) == 3 and all(os.path.exists(f"/dev/shm/sem.{n}") for n in names), names
         assert any(groups._is_tracker(pid) for pid in groups._group(proc.pid))  # the writer and the tracker live on
         groups.end(proc.pid)
         assert groups._group(proc.pid) == []
-        assert [n for n in names if os.path.exists(f"/dev/shm/sem.{n}")] == []
-    finally:
-        for pid in groups._group(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        for n in names:
-            if os.path.exists(f"/dev/shm/sem.{n}"):
-                os.unlink(f"/dev/shm/sem.{n}")
+        assert left_semaphores(names) == []
 
 
 def test_the_scenario_runner_ends_a_scenario_without_leaving_its_semaphores(tmp_path):
@@ -145,8 +134,7 @@ def test_the_scenario_runner_ends_a_scenario_without_leaving_its_semaphores(tmp_
     names = outcome.stdout.split()
     try:
         assert len(names) == 3, outcome
-        assert [n for n in names if os.path.exists(f"/dev/shm/sem.{n}")] == []
+        assert left_semaphores(names) == []
     finally:
-        for n in names:
-            if os.path.exists(f"/dev/shm/sem.{n}"):
-                os.unlink(f"/dev/shm/sem.{n}")
+        for n in left_semaphores(names):
+            os.unlink(f"/dev/shm/sem.{n}")

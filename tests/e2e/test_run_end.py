@@ -8,30 +8,16 @@ verifier had not exited yet when its run was ended.
 """
 
 import os
-import signal
-import subprocess
 
 from bench.e2e import run
 from colo_shim.cli import groups
-from harness.procs import PYTHON, clean_env
-from helpers import SEMAPHORE_OWNER
+from helpers import left_semaphores, semaphore_owner
 
 
 def test_ending_a_run_spares_the_resource_tracker_so_no_semaphore_stays(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(SEMAPHORE_OWNER)  # a "driver" gone, a child holding a queue and the tracker alive
-    proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            env=clean_env())
-    names = proc.stdout.readline().split()
-    proc.stdout.close()
-    try:
+    # a "driver" gone, a child holding a queue and the tracker alive
+    with semaphore_owner(tmp_path) as (proc, names):
         assert len(names) == 3 and all(os.path.exists(f"/dev/shm/sem.{n}") for n in names), names
         run.end_run(proc)
-        assert [n for n in names if os.path.exists(f"/dev/shm/sem.{n}")] == []
+        assert left_semaphores(names) == []
         assert groups._group(proc.pid) == []  # and nothing of the run is left running
-    finally:
-        for pid in groups._group(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        for n in names:
-            if os.path.exists(f"/dev/shm/sem.{n}"):
-                os.unlink(f"/dev/shm/sem.{n}")

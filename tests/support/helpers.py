@@ -7,9 +7,11 @@ plumbing the benchmarks use too (the interpreter, a clean environment) is harnes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import textwrap
@@ -35,6 +37,32 @@ if __name__ == "__main__":
     print(" ".join(n.lstrip("/") for n in names), flush=True)
     os._exit(0)  # no cleanup: as a child whose writer hangs, ended by its parent
 """
+
+
+def left_semaphores(names: list) -> list:
+    """Those of the named semaphores still in /dev/shm."""
+    return [n for n in names if os.path.exists(f"/dev/shm/sem.{n}")]
+
+
+@contextlib.contextmanager
+def semaphore_owner(tmp_path):
+    """SEMAPHORE_OWNER started in its own session: yields (its Popen, the three semaphore names); on
+    the way out kills whatever of its group still runs and unlinks what the test left in /dev/shm."""
+    from colo_shim.cli import groups
+
+    script = tmp_path / "owner.py"
+    script.write_text(SEMAPHORE_OWNER)
+    proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=clean_env())
+    names = proc.stdout.readline().split()
+    proc.stdout.close()
+    try:
+        yield proc, names
+    finally:
+        for pid in groups._group(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        for n in left_semaphores(names):
+            os.unlink(f"/dev/shm/sem.{n}")
 
 
 def deps_dir(name: str, version: str) -> str:
