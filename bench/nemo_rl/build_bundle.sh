@@ -55,5 +55,9 @@ cd "$DIR"
 rm -f nemo-bundle.part*
 split -n 3 -d -a 1 "$WORK/nemo.tar.xz" nemo-bundle.part
 sha256sum nemo-bundle.part* > nemo-bundle.SHA256SUMS
+# Found missing on the H100 after the parts were built (main's Policy.print_node_ip_and_gpu_id imports prettytable at
+# setup): carried beside part 2 as wheels (`extra/`), unpacked into site/ by device.sh
+rm -rf extra && "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT \
+    -d extra prettytable==3.18.0 wcwidth==0.9.1
 ls -l nemo-bundle.part*
 echo "built in $(( $(date +%s) - T0 )) s"

@@ -1,25 +1,31 @@
 #!/usr/bin/env python3
-"""Read back every checkpoint main wrote and say whether it is whole and new.
+"""Read back every checkpoint main wrote; say whether each is whole, new, and what training made of the one before.
 
-    python3 ckpt_check.py CKPT_DIR      # JSON on stdout
+    python3 ckpt_check.py CKPT_DIR [--decay 0.99]     # JSON on stdout
 
 main saves each step to CKPT_DIR/step_N (renamed from tmp_step_N once the async write is finalized); the policy's
 weights are a torch_dist checkpoint (a `.metadata` file beside its shards) somewhere under step_N/policy/weights.
-Every tensor is read back with torch.distributed.checkpoint; its float64 sum and squared norm make the step's
-fingerprint. A step whose weights fingerprint equals the previous step's is stale (NeMo-RL issue #3312: NVRx 0.6.0's
-cached writer re-writing the first step's data); a tmp_step_N left behind is a save never finalized.
+Every tensor is read back with torch.distributed.checkpoint. A step whose tensors all equal the previous step's is
+stale (NeMo-RL issue #3312: NVRx 0.6.0's cached writer re-writing an earlier step's data); a tmp_step_N left behind
+is a save never finalized. With --decay (runs.py: zero gradients, so a step only applies weight decay), each tensor
+of step N that changed must equal decay x its value in step N-1 up to bf16 rounding (relative error below 5e-3; a
+stale tensor is off by 1 - decay = 1e-2), and at least one must have changed: the checkpoint holds the state
+training had at that save. Tensors weight decay skips keep their value (on the H100 a first version of this check
+counted the layer-stacked norm weights as matrices that should have decayed).
 """
+import argparse
 import json
 import os
 import re
-import sys
+
+TOL = 5e-3
 
 
 def dcp_dirs(root: str) -> list:
     return sorted(d for d, _, files in os.walk(root) if ".metadata" in files)
 
 
-def fingerprint(path: str) -> dict:
+def load(path: str) -> dict:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -28,39 +34,58 @@ def fingerprint(path: str) -> dict:
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
              if isinstance(m, TensorStorageMetadata)}
     dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-    s = q = 0.0
-    for key in sorted(state):
-        t = state[key].reshape(-1)
-        s += t.sum(dtype=torch.float64).item()
-        q += (torch.linalg.vector_norm(t.double(), 2) ** 2).item()
-    return {"tensors": len(state), "sum": s, "sq_norm": q}
+    return state
 
 
-def check(root: str) -> dict:
-    steps, unfinished = {}, []
+def compare(cur: dict, prev: dict, decay) -> dict:
+    """Equal to prev (stale); with decay, each tensor either kept its value (what weight decay skips: biases and
+    norms, which the checkpoint stacks across layers into matrices) or equals decay x prev up to bf16 rounding."""
+    import torch
+
+    same = cur.keys() == prev.keys() and all(torch.equal(cur[k], prev[k]) for k in cur)
+    out = {"equal_to_previous": same}
+    if decay is not None and cur.keys() == prev.keys():
+        kept = [k for k in cur if torch.equal(cur[k], prev[k])]
+        errs = {k: (torch.linalg.vector_norm(cur[k].float() - decay * prev[k].float())
+                    / torch.linalg.vector_norm(prev[k].float()).clamp_min(1e-30)).item()
+                for k in cur if k not in kept and cur[k].is_floating_point()}
+        off = {k: round(e, 5) for k, e in errs.items() if not e < TOL}
+        out.update(decayed=len(errs), kept=len(kept), max_rel_err_vs_decayed_previous=max(errs.values(), default=None),
+                   off_prediction=dict(sorted(off.items(), key=lambda kv: -kv[1])[:8]),
+                   as_trained=bool(errs) and not off)
+    return out
+
+
+def check(root: str, decay=None) -> dict:
+    steps, unfinished, prev = {}, [], None
     for name in sorted(os.listdir(root) if os.path.isdir(root) else [], key=lambda n: int(re.sub(r"\D", "", n) or 0)):
         if name.startswith("tmp_step_"):
             unfinished.append(name)
             continue
         if not name.startswith("step_"):
             continue
-        weights = os.path.join(root, name, "policy", "weights")
-        dirs = dcp_dirs(weights)
+        n = int(name[5:])
+        dirs = dcp_dirs(os.path.join(root, name, "policy", "weights"))
         try:
-            found = dict(fingerprint(dirs[0]), ok=True) if dirs else {"ok": False, "error": "no .metadata"}
-            steps[int(name[5:])] = found
+            cur = load(dirs[0]) if dirs else None
         except Exception as exc:
-            steps[int(name[5:])] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    stale, prev = [], None
-    for n in sorted(steps):
-        fp = steps[n]
-        same = prev is not None and (fp.get("sum"), fp.get("sq_norm")) == (prev.get("sum"), prev.get("sq_norm"))
-        if same and fp.get("ok") and prev.get("ok"):
-            stale.append(n)
-        prev = fp
-    return {"steps": steps, "stale_steps": stale, "unfinished": unfinished,
-            "valid": sum(1 for n, fp in steps.items() if fp.get("ok") and n not in stale)}
+            steps[n], prev = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+            continue
+        if cur is None:
+            steps[n], prev = {"ok": False, "error": "no .metadata"}, None
+            continue
+        steps[n] = {"ok": True, "tensors": len(cur), **(compare(cur, prev, decay) if prev is not None else {})}
+        prev = cur
+    stale = [n for n, s in steps.items() if s.get("equal_to_previous")]
+    checked = [n for n, s in steps.items() if "as_trained" in s]
+    return {"steps": steps, "stale_steps": stale, "unfinished": unfinished, "decay": decay,
+            "valid": sum(1 for n, s in steps.items() if s["ok"] and n not in stale),
+            "as_trained": sum(1 for n in checked if steps[n]["as_trained"]), "checked_against_previous": len(checked)}
 
 
 if __name__ == "__main__":
-    print(json.dumps(check(sys.argv[1]), indent=1))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--decay", type=float, default=None)
+    args = ap.parse_args()
+    print(json.dumps(check(args.root, args.decay), indent=1))

@@ -6,6 +6,7 @@
 #   bash bench/nemo_rl/device.sh part 0        # copies both part 0s to /tmp
 #   bash bench/nemo_rl/device.sh part 1
 #   bash bench/nemo_rl/device.sh part 2        # copies, checks, unpacks, builds TE's torch extension, makes inputs
+#                                              # (carry .nemo-bundle/extra too: wheels the parts lack)
 #   bash bench/nemo_rl/device.sh run b,a 6     # b: COLO_SHIM=1, a: main as is, c: async_save false; in order
 #   bash bench/nemo_rl/device.sh te-check      # alone, one call carrying the NeMo bundle's three parts: unpack, TE
 #                                              # build, TE on the GPU, main's Megatron imports (te_check.py)
@@ -36,6 +37,7 @@ if [ "$what" = part ]; then
     [ -n "$NEMO_ONLY" ] || cat /tmp/vllm-site.part0 /tmp/vllm-site.part1 /tmp/vllm-site.part2 | xz -dc | tar -x -C /tmp/site || exit 1
     cat /tmp/nemo-bundle.part0 /tmp/nemo-bundle.part1 /tmp/nemo-bundle.part2 | xz -dc | tar -x -C $N || exit 1
     rm -f /tmp/vllm-site.part* /tmp/nemo-bundle.part*
+    for w in "$NB"/extra/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" $N/site; done  # build_bundle.sh: extra/
     t1=$(date +%s)
     CU=$(python3 -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13"))')
     INC=$(python3 - <<'PY'
@@ -112,10 +114,11 @@ for run in $runs; do
     t1=$(date +%s)
     sleep 3
     python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
-    python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
+    python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" --decay "$(cd bench/nemo_rl && python3 -c 'import runs; print(runs.DECAY)')" \
+        > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
     python3 bench/nemo_rl/report.py --run "$run" --rc $rc --wall-s $((t1-t0)) --dir "$R" > "$OUT/run_$run.json"
     python3 bench/nemo_rl/report.py --table "$OUT/run_$run.json"
-    (cd "$R" && tar czf "$OUT/run_${run}_logs.tar.gz" driver.log *.json *.log shim_status logs 2>/dev/null)
+    (cd "$R" && tar czf "$OUT/run_${run}_logs.tar.gz" driver.log *.json *.jsonl *.log shim_status logs 2>/dev/null)
     grep -h "Error\|Traceback\|out of memory" "$R/driver.log" | sort | uniq -c | sort -rn | head -12
     [ $rc = 0 ] || grep -v "it/s]\|s/it]" "$R/driver.log" | tail -40 | cut -c1-400
     exit $rc

@@ -58,8 +58,10 @@ def parse_log(text: str) -> dict:
 
 
 def parse_samples(path: str) -> dict:
-    """NVRx writer pids: spawned children of main's policy actor; host RSS summed over every process."""
-    writers, peak, policy = set(), 0, set()
+    """Checkpoint-writer restarts from the policy actor's spawned children (multiprocessing's resource tracker aside):
+    NVRx's persistent worker and its results-queue manager both live as long as the writer is kept warm, so a restart
+    shows as children beyond the most seen at once. Host RSS summed over every process."""
+    writers, peak, policy, most = set(), 0, set(), 0
     if not os.path.exists(path):
         return {}
     with open(path) as fh:
@@ -68,11 +70,12 @@ def parse_samples(path: str) -> dict:
             for pid, _ppid, cmd, _rss in s["procs"]:
                 if "MegatronPolicyWorker" in cmd or "lm_policy" in cmd:
                     policy.add(pid)
-            for pid, ppid, cmd, _rss in s["procs"]:
-                if ppid in policy and ("spawn_main" in cmd or "multiprocessing" in cmd):
-                    writers.add(pid)
+            now = {pid for pid, ppid, cmd, _rss in s["procs"]
+                   if ppid in policy and "spawn_main" in cmd and "resource_tracker" not in cmd}
+            writers |= now
+            most = max(most, len(now))
             peak = max(peak, sum(p[3] for p in s["procs"]))
-    return {"nvrx_writer_pids": sorted(writers), "writer_restarts": max(len(writers) - 1, 0),
+    return {"nvrx_writer_pids": sorted(writers), "writer_restarts": max(len(writers) - most, 0),
             "host_rss_peak_gib": round(peak / 2**30, 2)}
 
 
@@ -87,6 +90,53 @@ def actor_shim(path: str) -> dict:
     return out
 
 
+PACKAGES = ("torch", "vllm", "nvidia-resiliency-ext", "transformer_engine", "transformer_engine_cu13", "ray",
+            "transformers", "pydantic", "colo-shim")
+
+
+def versions() -> dict:
+    """What this job ran: the source trees main was exported with, and each installed package's version."""
+    from importlib import metadata
+
+    try:
+        from runs import SOURCES  # run as a script from bench/nemo_rl
+    except ImportError:
+        from bench.nemo_rl.runs import SOURCES
+
+    out = {f"{name} (git)": commit for name, commit in SOURCES.items()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    try:
+        import subprocess
+
+        out["colo-shim (git)"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+        out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                    text=True).stdout.strip() or None
+    except OSError:
+        pass
+    return out
+
+
+def driver_shim(d: str) -> dict:
+    """The driver's own colo-shim rows (the status file it wrote at exit): which patches applied and the megatron
+    family's counters, among them checkpoint/nemo_rl_driver.py's (asked, written_first, polls)."""
+    import glob
+
+    for path in glob.glob(os.path.join(d, "shim_status", "*.json")):
+        rec = json.load(open(path))
+        if "examples/run_grpo.py" in (rec.get("argv") or [""])[0]:
+            rows = rec.get("records", [])
+            applied = sorted({r["target"] for r in rows if r.get("status") == "applied" and r.get("calls")})
+            details = next((r["details"] for r in rows if r.get("name") == "megatron" and r.get("details")), {})
+            return {"applied_and_called": applied,
+                    **{k: details[k] for k in ("nemo_rl_driver", "nemo_rl_main") if k in details}}
+    return {}
+
+
 def record(run: str, rc: int, wall: float, d: str) -> dict:
     log = parse_log(open(os.path.join(d, "driver.log"), errors="replace").read())
     ck = os.path.join(d, "ckpt_check.json")
@@ -94,8 +144,8 @@ def record(run: str, rc: int, wall: float, d: str) -> dict:
         ckpt = json.load(open(ck))
     except (OSError, ValueError):
         ckpt = {}
-    return {"run": run, "rc": rc, "wall_s": wall, **log, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
-            "actors": actor_shim(os.path.join(d, "actor_status.json")), "checkpoints": ckpt}
+    return {"run": run, "rc": rc, "wall_s": wall, "versions": versions(), **log, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
+            "actors": actor_shim(os.path.join(d, "actor_status.json")), "driver": driver_shim(d), "checkpoints": ckpt}
 
 
 def _mean(xs):
@@ -106,21 +156,24 @@ def _mean(xs):
 def row(r: dict) -> str:
     later = r["steps"][1:] or r["steps"]
     step_s = _mean([s["total_step_time"] for s in later])
-    off = _mean([s["timers"].get("offload_before_refit") for s in later])
+    prep = _mean([s["timers"].get("prepare_for_generation/total") for s in later])
     ckpt = _mean([s["timers"].get("checkpointing") for s in later])
     after = _mean([s["gpu"].get("after_refit_complete", {}).get("reserved_gb") for s in later])
-    backup = max(r["sleep_backup_gib"], default=None)
+    sleeps = r["sleep_backup_gib"]  # the first is the engine's sleep at startup, before any rollout
+    backup = f"{sleeps[0] if sleeps else None} / {max(sleeps[1:], default=None)}"
     ck = r.get("checkpoints") or {}
     valid = f"{ck.get('valid', '-')}/{len(ck.get('steps', {}))}" if ck else "-"
+    trained = f"{ck.get('as_trained', '-')}/{ck.get('checked_against_previous', '-')}" if ck else "-"
     shim = sum(1 for a in r["actors"].values() if a.get("applied"))
-    return (f"| {r['run']} | {r['rc']} | {len(r['steps'])} | {step_s} | {off} | {ckpt} | {after} | {backup} | "
-            f"{r['samples'].get('writer_restarts', '-')} | {valid} | {shim}/{len(r['actors'])} | {r['error_lines']} |")
+    return (f"| {r['run']} | {r['rc']} | {len(r['steps'])} | {step_s} | {prep} | {ckpt} | {after} | {backup} | "
+            f"{r['samples'].get('writer_restarts', '-')} | {valid} | {trained} | {shim}/{len(r['actors'])} "
+            f"| {r['error_lines']} |")
 
 
-HEADER = ("| run | rc | steps | step s (2nd on) | offload_before_refit s | checkpointing s "
-          "| GPU reserved after refit GB "
-          "| pinned backup per sleep GiB | writer restarts | ckpt valid | actors with shim applied | error lines |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| run | rc | steps | step s (2nd on) | prepare_for_generation s | checkpointing s "
+          "| GPU reserved after refit GB | pinned backup GiB: startup / after rollouts | writer restarts "
+          "| ckpt new | ckpt = decayed previous | actors with shim applied | error lines |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:

@@ -9,6 +9,9 @@ c: a with policy.megatron_cfg.checkpoint.async_save=false.
 """
 import sys
 
+SOURCES = {"NeMo-RL": "7ea279abf", "Megatron-Bridge": "8c46dc42", "Megatron-LM": "14346b65"}  # build_bundle.sh's
+DECAY = 1 - 0.01 * 1.0  # what each step multiplies the decayed weights by (see the lr / weight decay overrides)
+
 RUNS = {"a": ({}, []), "b": ({"COLO_SHIM": "1"}, []), "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"])}
 
 
@@ -37,6 +40,16 @@ def overrides(steps: int, inputs: str, out: str) -> list:
         f"checkpointing.checkpoint_dir={out}/ckpt",
         f"logger.log_dir={out}/logs",
         "cluster.gpus_per_node=1",
+        # Random weights earn no reward, so the advantages and every gradient are zero and main's own settings
+        # (lr 5e-7 in warm-up, weight decay 0.01) leave the bf16 weights bit-identical from step to step: a stale
+        # checkpoint could not be told from a fresh one. A constant lr 1e-2 with weight decay 1.0 and no KL term
+        # makes every step shrink the decayed weights by exactly 1 - lr * wd = 0.99 (Adam's update is 0/eps = 0),
+        # so ckpt_check.py can predict each checkpoint from the one before it. The same in a, b and c.
+        "policy.megatron_cfg.optimizer.lr=0.01",
+        "policy.megatron_cfg.optimizer.min_lr=0.01",
+        "policy.megatron_cfg.scheduler.lr_warmup_init=0.01",
+        "policy.megatron_cfg.optimizer.weight_decay=1.0",
+        "loss_fn.reference_policy_kl_penalty=0.0",
     ]
 
 

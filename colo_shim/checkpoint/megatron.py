@@ -14,14 +14,15 @@ captured before any patch; core/ray_actors.py makes them reach these wrappers, i
 the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL already has finalize_async_save (PR #3322),
 offload_before_refit/offload_after_refit fence themselves and the shim stays out of them; main's
 finalize_async_save itself is wrapped so that, with the default release, the offloads neither wait
-for the write nor end the writer (checkpoint/nemo_rl_main.py says exactly when).
+for the write nor end the writer (checkpoint/nemo_rl_main.py says exactly when), and in the driver
+main's background wait asks the actors before it occupies them (checkpoint/nemo_rl_driver.py).
 """
 
 from __future__ import annotations
 
 from colo_shim.core import guard
 from colo_shim.core.registry import Patch, Target
-from colo_shim.checkpoint import fence, nemo_rl_main, state
+from colo_shim.checkpoint import fence, nemo_rl_driver, nemo_rl_main, state
 
 
 MCORE = "megatron-core"
@@ -32,6 +33,8 @@ MC_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
 BRIDGE = "megatron.bridge.training.state"
 NEMO_OLD = "nemo_rl.models.policy.megatron_policy_worker"  # v0.3, v0.4
 NEMO_NEW = "nemo_rl.models.policy.workers.megatron_policy_worker"  # v0.5 .. main
+NEMO_POLICY = "nemo_rl.models.policy.lm_policy"  # the driver's Policy
+NEMO_GROUPS = "nemo_rl.distributed.worker_groups"
 
 
 def declaration() -> Patch:
@@ -62,6 +65,10 @@ def declaration() -> Patch:
             *_nemo_targets(NEMO_NEW, "MegatronPolicyWorkerImpl"),
             Target(NEMO_NEW, "MegatronPolicyWorkerImpl.finalize_async_save", nemo_rl_main.finalize_async_save, None, "",
                    required=False),  # NeMo-RL main only (PR #3322); target-missing before
+            Target(NEMO_POLICY, "Policy.finalize_async_save", nemo_rl_driver.wait_off_actor, None, "",
+                   required=False),  # the driver's side of the same: checkpoint/nemo_rl_driver.py
+            *(Target(NEMO_GROUPS, f"RayWorkerGroup.{m}", nemo_rl_driver.atomic_send, None, "", required=False)
+              for m in nemo_rl_driver.SEND_METHODS),
         ),
         report=_report,
     )
@@ -143,7 +150,7 @@ def _tracking(register: str, what: str):
 
 
 def _report() -> dict:
-    return {**state.totals(), **nemo_rl_main.report()}
+    return {**state.totals(), **nemo_rl_main.report(), **nemo_rl_driver.report()}
 
 
 PATCH = declaration()

@@ -23,7 +23,8 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
   `self._async_checkpoint_cuda_cache_active` set to False for the duration of the call (restored
   after), so main passes terminate=False and skips cleanup_tensor_caches/gc/ipc_collect/empty_cache:
   the worker stays warm for the next save (its CUDA references are the fence's business). An
-  instance without that attribute is called unchanged.
+  instance without that attribute is called unchanged. The driver sends this call only once the
+  worker said its write is done (checkpoint/nemo_rl_driver.py), so it no longer holds the actor.
 - Not releasing (restart, none, another NVRx): main's method runs unchanged, both kinds of call.
 - A failure of colo-shim's own part (deciding, the fence, the release, the bookkeeping) logs one
   warning and runs main's method unchanged, in its place and order: main's finalize, close and

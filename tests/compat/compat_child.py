@@ -35,6 +35,8 @@ MODULES = (
     "nemo_rl.algorithms.distillation",
     "nemo_rl.algorithms.ppo",
     "nemo_rl.algorithms.grpo_sync",
+    "nemo_rl.distributed.worker_groups",
+    "nemo_rl.models.policy.lm_policy",
 )
 
 

@@ -99,7 +99,8 @@ def main() -> dict:
                    equal=_equal(cs, f"{root}/s{step}", at_save), shm_after=_shm(FileSystemWriterAsync),
                    pid_after=_pid(q), flag_after=worker._async_checkpoint_cuda_cache_active)
         out["steps"].append(row)
-    out["status"] = {s["target"]: s["status"] for s in colo_shim.status() if s["target"].endswith("finalize_async_save")}
+    out["status"] = {s["target"]: s["status"] for s in colo_shim.status()
+                     if s["target"].endswith("PolicyWorkerImpl.finalize_async_save")}
     q.close()
     return out
 

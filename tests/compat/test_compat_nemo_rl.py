@@ -87,6 +87,10 @@ def _expected(release: str) -> dict:
         if release == "main":  # PR #3322: upstream finalize_async_save fences these two itself
             exp.update({IMPL + m: "not-needed" for m in ("offload_before_refit", "offload_after_refit")})
         exp[IMPL + "finalize_async_save"] = "applied" if release == "main" else "target-missing"
+    if release == "main":  # the driver's side (checkpoint/nemo_rl_driver.py)
+        exp["nemo_rl.models.policy.lm_policy:Policy.finalize_async_save"] = "applied"
+        exp.update({f"nemo_rl.distributed.worker_groups:RayWorkerGroup.{m}": "applied" for m in
+                    ("run_all_workers_single_data", "run_all_workers_multiple_data", "run_all_workers_sharded_data")})
     return exp
 
 

@@ -17,7 +17,7 @@ W = "(MegatronPolicyWorker pid=4242)"
 V = "(VllmGenerationWorker pid=4343) INFO 12-05 10:00:00 [cumem.py:273]"
 
 
-def step_block(total, offload, ckpt, reserved, backup, kl):
+def step_block(total, prep, ckpt, reserved, backup, kl):
     return [
         f"{W} GPU Memory before optimizer offload: 20.10GB allocated, 24.00GB reserved",
         f"{W} GPU Memory after optimizer offload: 3.20GB allocated, 4.00GB reserved",
@@ -35,7 +35,7 @@ def step_block(total, offload, ckpt, reserved, backup, kl):
         "⏱️  Timing:",
         f"  • Total step time: {total:.2f}s",
         f"  • policy_training: {total / 2:.2f}s (50.0%)",
-        f"  • offload_before_refit: {offload:.2f}s ({offload / total * 100:.1f}%)",
+        f"  • prepare_for_generation/total: {prep:.2f}s ({prep / total * 100:.1f}%)",
         f"  • checkpointing: {ckpt:.2f}s ({ckpt / total * 100:.1f}%)",
         "",
         "Performance metrics:",
@@ -49,7 +49,8 @@ LOG = "\n".join(step_block(40.0, 12.5, 3.0, 1.25, 1.54, 0.0012) + step_block(20.
 def test_parse_log_reads_mains_formats():
     got = report.parse_log(LOG)
     assert [s["total_step_time"] for s in got["steps"]] == [40.0, 20.0]
-    assert got["steps"][0]["timers"] == {"policy_training": 20.0, "offload_before_refit": 12.5, "checkpointing": 3.0}
+    assert got["steps"][0]["timers"] == {"policy_training": 20.0, "prepare_for_generation/total": 12.5,
+                                          "checkpointing": 3.0}
     assert got["steps"][1]["gpu"]["after_refit_complete"] == {"allocated_gb": 0.5, "reserved_gb": 0.75}
     assert got["steps"][0]["sleep_backup_gib"] == [1.54] and got["steps"][1]["sleep_backup_gib"] == [0.0]
     assert got["steps"][1]["gen_kl_error"] == 0.0009
@@ -59,9 +60,9 @@ def test_parse_log_reads_mains_formats():
 def test_table_row_uses_steps_after_the_first(tmp_path):
     rec = {"run": "b", "rc": 0, **report.parse_log(LOG), "samples": {"writer_restarts": 0},
            "actors": {"lm_policy-0-0": {"applied": ["nvrx_fence"]}, "vllm-0": {"applied": []}},
-           "checkpoints": {"valid": 2, "steps": {"1": {}, "2": {}}}}
+           "checkpoints": {"valid": 2, "steps": {"1": {}, "2": {}}, "as_trained": 1, "checked_against_previous": 1}}
     row = report.row(rec)
-    assert row.startswith("| b | 0 | 2 | 20.0 | 0.5 | 2.0 | 0.75 | 1.54 | 0 | 2/2 | 1/2 | 1 |")
+    assert row.startswith("| b | 0 | 2 | 20.0 | 0.5 | 2.0 | 0.75 | 1.54 / 0.0 | 0 | 2/2 | 1/1 | 1/2 | 1 |")
 
 
 def _save(path, scale):
@@ -78,8 +79,36 @@ def test_ckpt_check_flags_stale_and_unfinished(tmp_path):
     (tmp_path / "tmp_step_4").mkdir()
     got = ckpt_check.check(str(tmp_path))
     assert sorted(got["steps"]) == [1, 2, 3] and all(s["ok"] for s in got["steps"].values())
-    assert got["steps"][2]["sum"] == pytest.approx(2.0 * (16 + 28))
+    assert got["steps"][2]["equal_to_previous"] is False and got["steps"][3]["equal_to_previous"] is True
     assert got["stale_steps"] == [3] and got["unfinished"] == ["tmp_step_4"] and got["valid"] == 2
+
+
+def _save_bf16(path, matrix, norm):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"decoder.layers.fc1.weight": matrix.to(torch.bfloat16), "decoder.layers.norm.weight": norm}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
+
+
+def test_ckpt_check_predicts_each_step_from_the_one_before(tmp_path):
+    """Weight decay only (runs.py): decayed tensors are 0.99 x the previous step up to bf16 rounding, layer-stacked
+    norms keep their value; a stale step (step 3 = step 2) and a step off the prediction (step 5) are told apart."""
+    import torch
+
+    torch.manual_seed(0)
+    master, norm = torch.randn(64, 32) * 0.02, torch.ones(16, 32, dtype=torch.bfloat16)
+    saved = {1: master, 2: master * 0.99, 3: master * 0.99, 4: master * 0.99 ** 2, 5: master * 0.99 ** 2 * 0.97}
+    for step, m in saved.items():
+        _save_bf16(tmp_path / f"step_{step}" / "policy" / "weights" / "iter", m, norm)
+    got = ckpt_check.check(str(tmp_path), decay=0.99)
+    steps = got["steps"]
+    assert steps[2]["as_trained"] and steps[2]["kept"] == 1 and steps[2]["decayed"] == 1, steps[2]
+    assert steps[2]["max_rel_err_vs_decayed_previous"] < ckpt_check.TOL
+    assert steps[3]["equal_to_previous"] and not steps[3]["as_trained"], steps[3]
+    assert steps[4]["as_trained"], steps[4]  # 0.99 x step 3, which held step 2's values
+    assert not steps[5]["as_trained"] and "decoder.layers.fc1.weight" in steps[5]["off_prediction"], steps[5]
+    assert got["as_trained"] == 2 and got["checked_against_previous"] == 4 and got["stale_steps"] == [3]
 
 
 def test_ckpt_check_reports_a_missing_weights_dir(tmp_path):
@@ -110,5 +139,27 @@ def test_runs_give_mains_command_lines():
                                                       "examples/configs/grpo_math_1B_megatron.yaml"]
     assert "grpo.max_num_steps=6" in argv and "checkpointing.save_period=1" in argv
     assert "policy.megatron_cfg.checkpoint.async_save=false" in runs.command("c", 6, "/in", "/out")[1]
+    lr = next(float(a.split("=")[1]) for a in argv if a.startswith("policy.megatron_cfg.optimizer.lr="))
+    wd = next(float(a.split("=")[1]) for a in argv if a.startswith("policy.megatron_cfg.optimizer.weight_decay="))
+    assert runs.DECAY == pytest.approx(1 - lr * wd) and "loss_fn.reference_policy_kl_penalty=0.0" in argv
     assert not any("async_save" in a for a in runs.command("a", 6, "/in", "/out")[1])
     json.dumps(argv)
+
+
+def test_writer_restarts_count_children_beyond_those_alive_together(tmp_path):
+    """NVRx's persistent worker and its results-queue manager live side by side (2 children, no restart, as on the
+    H100 with colo-shim); a worker replaced at each offload adds new pids; the resource tracker is no writer."""
+    pol, spawn = "ray::MegatronPolicyWorker.train", "python -c from multiprocessing.spawn import spawn_main; spawn_main()"
+    tracker = "python -c from multiprocessing.resource_tracker import main;main(9)"
+
+    def samples(*children_per_sample):
+        path = tmp_path / f"s{len(children_per_sample)}.jsonl"
+        with open(path, "w") as fh:
+            for kids in children_per_sample:
+                procs = [[10, 1, pol, 2**30], [11, 10, tracker, 1]] + [[pid, 10, spawn, 1] for pid in kids]
+                fh.write(json.dumps({"t": 0, "procs": procs, "gpu_mib": {}}) + "\n")
+        return report.parse_samples(str(path))
+
+    steady = samples([20, 21], [20, 21], [20, 21])
+    assert steady["writer_restarts"] == 0 and steady["nvrx_writer_pids"] == [20, 21]
+    assert samples([20, 21], [21, 22], [21, 23])["writer_restarts"] == 2

@@ -119,7 +119,7 @@ def _main_refit(opts, before):
     out["dirs"] = sorted(os.listdir(f"{root}/ckpt"))
     out["cache_flag"] = worker._async_checkpoint_cuda_cache_active
     out["status"] = {s["target"].split(":")[1]: s["status"] for s in colo_shim.status()
-                     if s["target"].endswith("finalize_async_save")}
+                     if s["target"].endswith("PolicyWorkerImpl.finalize_async_save")}
     details = _megatron_details()
     out["stats"] = _gained(before.get("nemo_rl_main", {}), details.get("nemo_rl_main", {}), keep_zero=True)
     out["shim_errors"] = _gained(before.get("shim_errors", {}), details.get("shim_errors", {}), keep_zero=False)
