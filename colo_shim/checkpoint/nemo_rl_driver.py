@@ -5,13 +5,12 @@ CONTRACT (what the driver-side classes must look like, and what is read):
   checkpointer's background thread (`CheckpointManager.begin_finalization`). It sends
   `finalize_async_save` to every worker of `self.worker_group` (`run_all_workers_single_data`) and
   `ray.get`s the answers. `self.worker_group.workers` are the workers' Ray actor handles.
-- Releasing only (release.skips_upstream_finalize(), as in nemo_rl_main.py): before main's method,
-  every worker is asked, through Ray's `ActorHandle.__ray_call__` (an actor task that runs a function
+- Before main's method, every worker is asked, through Ray's `ActorHandle.__ray_call__` (an actor task that runs a function
   with the actor instance), whether its writes are written (`written`, no collective, nothing
   finalized); the question is asked again every POLL_S seconds while one is still writing. Then main's
   method runs as it is: its remote finalize, with its collectives, finds the write done.
-- `written` says None (cannot tell) when colo-shim's `megatron` and `nvrx` families are not on in
-  the actor, when a queue holds more than one unfinalized save, or when a writer has exited without
+- `written` says None (cannot tell) when the actor does not release (colo-shim's `megatron` and
+  `nvrx` families off there, or release.skips_upstream_finalize() false there, as in nemo_rl_main.py), when a queue holds more than one unfinalized save, or when a writer has exited without
   reporting: the asking stops and main's method runs at once, waiting as it would without colo-shim.
   Asking fails (an actor died, no `__ray_call__`): the same, through core/guard.py.
 - `nemo_rl.distributed.worker_groups:RayWorkerGroup.run_all_workers_{single,multiple,sharded}_data`:
@@ -52,8 +51,8 @@ def wait_off_actor(wrapped, instance, args, kwargs):
 
 
 def _await_written(policy) -> None:
-    if not release.skips_upstream_finalize():
-        return
+    """Only the actors decide whether they release: the driver may run in another environment (NeMo-RL
+    builds per-actor venvs), without NVRx."""
     import ray
 
     left = list(policy.worker_group.workers)
