@@ -5,14 +5,16 @@ CONTRACT (what the driver-side classes must look like, and what is read):
   checkpointer's background thread (`CheckpointManager.begin_finalization`). It sends
   `finalize_async_save` to every worker of `self.worker_group` (`run_all_workers_single_data`) and
   `ray.get`s the answers. `self.worker_group.workers` are the workers' Ray actor handles.
-- Before main's method, every worker is asked, through Ray's `ActorHandle.__ray_call__` (an actor task that runs a function
-  with the actor instance), whether its writes are written (`written`, no collective, nothing
-  finalized); the question is asked again every POLL_S seconds while one is still writing. Then main's
-  method runs as it is: its remote finalize, with its collectives, finds the write done.
+- Before main's method, every worker is asked, through Ray's `ActorHandle.__ray_call__` (an actor
+  task that runs a function with the actor instance), whether its writes are written (`written`: no
+  collective, nothing finalized); the question is asked again every POLL_S seconds while one is still
+  writing. Then main's method runs as it is: its remote finalize, with its collectives, finds the
+  write done.
 - `written` says None (cannot tell) when the actor does not release (colo-shim's `megatron` and
-  `nvrx` families off there, or release.skips_upstream_finalize() false there, as in nemo_rl_main.py), when a queue holds more than one unfinalized save, or when a writer has exited without
-  reporting: the asking stops and main's method runs at once, waiting as it would without colo-shim.
-  Asking fails (an actor died, no `__ray_call__`): the same, through core/guard.py.
+  `nvrx` families off there, or release.skips_upstream_finalize() false there, as in
+  nemo_rl_main.py), when a queue holds more than one unfinalized save, or when a writer has exited
+  without reporting: the asking stops and main's method runs at once, waiting as it would without
+  colo-shim. Asking fails (an actor died, no `__ray_call__`): the same, through core/guard.py.
 - `nemo_rl.distributed.worker_groups:RayWorkerGroup.run_all_workers_{single,multiple,sharded}_data`:
   one lock per process around the sending (these methods return futures; nothing is waited for
   under the lock), so a send to all workers from one thread is never interleaved with another
@@ -22,7 +24,7 @@ WHY (measured on main 7ea279abf's own GRPO on an H100, bench/nemo_rl): main's po
 plain Ray actors, which run one call at a time. The checkpointer thread's `finalize_async_save`
 reaches the actor right after the save and blocks it until the write is on disk (~13 s for the 1B
 model and its optimizer); the next step's `offload_before_refit` queues behind it, so the write is
-paid inside `prepare_for_generation` (14.5 s of a 25 s step) although colo-shim's offload needs no
+paid inside `prepare_for_generation` (14.7 s of a 25.3 s step) although colo-shim's offload needs no
 finalize. Asked first, the actor is busy only for the probes (milliseconds), and the write overlaps
 the refit, generation and logprobs. The deferred finalize then lands among the loop's calls; its
 collectives must meet the same call on every rank, and Ray keeps only the submission order of one
