@@ -160,7 +160,14 @@ def actor_report(worker):
 
 
 def close_queue(worker):
+    """Close and drop the queue in the actor, so that its multiprocessing semaphores are unlinked here and
+    now (their finalizers), not left to the actor's resource tracker racing the runner's end of the session."""
+    import gc
+
     worker.async_calls_queue.close()
+    worker.async_calls_queue = worker.save_fn = None
+    worker.__dict__.pop("at_save", None)
+    gc.collect()
 
 
 def sends_atomic(opts):
