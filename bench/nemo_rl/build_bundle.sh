@@ -44,7 +44,16 @@ find "$WORK/b/site" -name '*.so' -path '*/ray/*' -exec chmod +x {} +
 chmod +x "$WORK"/b/site/ray/core/src/ray/*/* 2>/dev/null || true
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT \
     -d "$WORK/tewhl" transformer-engine==2.15.0 transformer-engine-cu13==2.15.0
-"$PY" -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$WORK/b/te" transformer-engine-torch==2.15.0
+# the sdist is taken from the index as a file: `pip download` of it would run its setup.py, which needs torch here
+"$PY" - "$WORK/b/te" <<'PY'
+import hashlib, re, sys, urllib.request
+name = "transformer_engine_torch-2.15.0.tar.gz"
+page = urllib.request.urlopen("https://pypi.org/simple/transformer-engine-torch/", timeout=60).read().decode()
+url, digest = next(m for m in re.findall(r'href="([^"]+)#sha256=([0-9a-f]+)"', page) if m[0].endswith("/" + name))
+data = urllib.request.urlopen(url, timeout=300).read()
+assert hashlib.sha256(data).hexdigest() == digest, "sha256 mismatch: " + name
+open(f"{sys.argv[1]}/{name}", "wb").write(data)
+PY
 for w in "$WORK"/tewhl/*.whl; do "$PY" -m zipfile -e "$w" "$WORK/b/te/site"; done
 "$PY" "$HERE/fatbin_keep.py" "$WORK/b/te/site/transformer_engine/wheel_lib/libtransformer_engine.so" 90
 cp "$HERE/cublaslt_grouped_stub.c" "$HERE/cublaslt_grouped_stub.map" "$WORK/b/te/"
