@@ -7,7 +7,7 @@
 #   bash bench/nemo_rl/device.sh part 1
 #   bash bench/nemo_rl/device.sh part 2        # copies, checks, unpacks, builds TE's torch extension, makes inputs
 #                                              # (carry .nemo-bundle/extra too: wheels the parts lack)
-#   bash bench/nemo_rl/device.sh run b,a 6     # b: COLO_SHIM=1, a: main as is, c: async_save false; in order
+#   export CALL_T0=$(date +%s); bash bench/nemo_rl/device.sh run b,a 6     # b: COLO_SHIM=1, a: main as is, c: async_save false; in order
 #   bash bench/nemo_rl/device.sh te-check      # alone, one call carrying the NeMo bundle's three parts: unpack, TE
 #                                              # build, TE on the GPU, main's Megatron imports (te_check.py)
 # Each run leaves $OUT/run_<X>.json (report.py), $OUT/run_<X>_logs.tar.gz and $OUT/stage.json on staging.
@@ -106,7 +106,11 @@ for run in $runs; do
         --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
     t0=$(date +%s)
-    (cd $N/src/rl && exec timeout -k 10 $(( budget - $(date +%s) + T )) python3 $ARGS) > "$R/driver.log" 2>&1 &
+    # CALL_T0 (epoch seconds, set by the call's command line before staging): the job also ends 45 s before the
+    # call's own limit, so the read-back, report and logs come back (a run killed by the call limit returns nothing)
+    left=$(( budget - $(date +%s) + T ))
+    [ -n "${CALL_T0:-}" ] && cap=$(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 - $(date +%s) )) && [ $cap -lt $left ] && left=$cap
+    (cd $N/src/rl && exec timeout -k 10 $left python3 $ARGS) > "$R/driver.log" 2>&1 &
     DRV=$!
     python3 bench/nemo_rl/sampler.py "$R/samples.jsonl" $DRV > "$R/sampler.log" 2>&1 &
     python3 bench/nemo_rl/actor_status.py "$R/actor_status.json" $DRV > "$R/actor_status.log" 2>&1 &
