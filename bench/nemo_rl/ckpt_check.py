@@ -50,7 +50,8 @@ def compare(cur: dict, prev: dict, decay) -> dict:
                     / torch.linalg.vector_norm(prev[k].float()).clamp_min(1e-30)).item()
                 for k in cur if k not in kept and cur[k].is_floating_point()}
         off = {k: round(e, 5) for k, e in errs.items() if not e < TOL}
-        out.update(decayed=len(errs), kept=len(kept), kept_names=sorted(kept)[:8], max_rel_err_vs_decayed_previous=max(errs.values(), default=None),
+        out.update(decayed=len(errs), kept=len(kept), kept_names=sorted(kept)[:8],
+                   max_rel_err_vs_decayed_previous=max(errs.values(), default=None),
                    off_prediction=dict(sorted(off.items(), key=lambda kv: -kv[1])[:8]),
                    as_trained=bool(errs) and not off)
     return out

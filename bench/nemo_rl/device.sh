@@ -92,9 +92,13 @@ runs=${1//,/ }; steps=${2:-6}
 . $N/env.sh
 # Several runs may share one call (RUN_BUDGET_S, default 540 s): the next starts only if the last one's wall time
 # still fits, and a job still running at the budget is stopped so that its logs and JSON come back.
+# CALL_T0 (epoch seconds, exported by the call's command line before staging): the deadline is also 45 s before the
+# call's own limit, so the read-back, report and logs come back (a run killed by the call limit returns nothing).
 budget=${RUN_BUDGET_S:-540}; T=$(date +%s); last=0; rc_all=0
+deadline=$(( T + budget ))
+[ -n "${CALL_T0:-}" ] && [ $(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 )) -lt $deadline ] && deadline=$(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 ))
 for run in $runs; do
-    if [ $(( $(date +%s) - T + last )) -gt "$budget" ]; then echo "run $run skipped: ${last}s would pass the budget"; continue; fi
+    if [ $(( $(date +%s) + last )) -gt "$deadline" ]; then echo "run $run skipped: ${last}s would pass the deadline"; continue; fi
     ts=$(date +%s); R=/tmp/nemo_runs/$run
     rm -rf "$R"; mkdir -p "$R/shim_status"
     (
@@ -106,10 +110,7 @@ for run in $runs; do
         --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
     t0=$(date +%s)
-    # CALL_T0 (epoch seconds, set by the call's command line before staging): the job also ends 45 s before the
-    # call's own limit, so the read-back, report and logs come back (a run killed by the call limit returns nothing)
-    left=$(( budget - $(date +%s) + T ))
-    [ -n "${CALL_T0:-}" ] && cap=$(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 - $(date +%s) )) && [ $cap -lt $left ] && left=$cap
+    left=$(( deadline - $(date +%s) )); [ $left -gt 0 ] || left=1  # timeout 0 would mean no limit at all
     (cd $N/src/rl && exec timeout -k 10 $left python3 $ARGS) > "$R/driver.log" 2>&1 &
     DRV=$!
     python3 bench/nemo_rl/sampler.py "$R/samples.jsonl" $DRV > "$R/sampler.log" 2>&1 &
