@@ -109,6 +109,8 @@ for run in $runs; do
     python3 -c "from ray.scripts.scripts import main; main()" start --head --include-dashboard=false --num-gpus=1 \
         --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
+    free_gib() { df -B1 --output=avail /tmp | tail -1 | awk '{printf "%.1f", $1/2^30}'; }
+    before=$(free_gib)
     t0=$(date +%s)
     left=$(( deadline - $(date +%s) )); [ $left -gt 0 ] || left=1  # timeout 0 would mean no limit at all
     (cd $N/src/rl && exec timeout -k 10 $left python3 $ARGS) > "$R/driver.log" 2>&1 &
@@ -119,11 +121,15 @@ for run in $runs; do
     t1=$(date +%s)
     sleep 3
     python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
+    echo "{\"before_run\": $before, \"after_run\": $(free_gib)}" > "$R/disk_free_gib.json"
     python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" --decay "$(cd bench/nemo_rl && python3 -c 'import runs; print(runs.DECAY)')" \
         > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
     python3 bench/nemo_rl/report.py --run "$run" --rc $rc --wall-s $((t1-t0)) --dir "$R" > "$OUT/run_$run.json"
     python3 bench/nemo_rl/report.py --table "$OUT/run_$run.json"
     (cd "$R" && tar czf "$OUT/run_${run}_logs.tar.gz" driver.log *.json *.jsonl *.log shim_status logs 2>/dev/null)
+    # Each run's checkpoints (6 x model + optimizer) nearly fill the machine's /tmp: run (a) after (b) once failed
+    # its first save with torch's "unexpected pos" (a short write on a full disk). They are checked above; drop them.
+    rm -rf "$R/ckpt"
     grep -h "Error\|Traceback\|out of memory" "$R/driver.log" | sort | uniq -c | sort -rn | head -12
     [ $rc = 0 ] || grep -v "it/s]\|s/it]" "$R/driver.log" | tail -40 | cut -c1-400
     exit $rc

@@ -144,7 +144,11 @@ def record(run: str, rc: int, wall: float, d: str) -> dict:
         ckpt = json.load(open(ck))
     except (OSError, ValueError):
         ckpt = {}
-    return {"run": run, "rc": rc, "wall_s": wall, "versions": versions(), **log, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
+    try:  # /tmp's free space before and after the run (device.sh): a full disk fails main's saves in odd ways
+        disk = json.load(open(os.path.join(d, "disk_free_gib.json")))
+    except (OSError, ValueError):
+        disk = {}
+    return {"run": run, "rc": rc, "wall_s": wall, "versions": versions(), **log, "disk_free_gib": disk, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
             "actors": actor_shim(os.path.join(d, "actor_status.json")), "driver": driver_shim(d), "checkpoints": ckpt}
 
 
