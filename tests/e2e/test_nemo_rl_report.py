@@ -65,6 +65,16 @@ def test_table_row_uses_steps_after_the_first(tmp_path):
     assert row.startswith("| b | 0 | 2 | 20.0 | 0.5 | 2.0 | 0.75 | 1.54 / 0.0 | 0 | 2/2 | 1/1 | 1/2 | 1 |")
 
 
+def test_record_keeps_free_disk_and_survives_its_absence(tmp_path):
+    # A full /tmp failed main's first save in one run ("unexpected pos"): the record must say how much was free.
+    (tmp_path / "driver.log").write_text(LOG)
+    assert report.record("a", 1, 9.0, str(tmp_path))["disk_free_gib"] == {}
+    (tmp_path / "disk_free_gib.json").write_text('{"before_run": 51.5, "after_run": 3.2}')
+    rec = report.record("a", 1, 9.0, str(tmp_path))
+    assert rec["disk_free_gib"] == {"before_run": 51.5, "after_run": 3.2}
+    assert [s["total_step_time"] for s in rec["steps"]] == [40.0, 20.0] and rec["checkpoints"] == {}
+
+
 def _save(path, scale):
     import torch
     import torch.distributed.checkpoint as dcp
