@@ -96,7 +96,9 @@ runs=${1//,/ }; steps=${2:-6}
 # call's own limit, so the read-back, report and logs come back (a run killed by the call limit returns nothing).
 budget=${RUN_BUDGET_S:-540}; T=$(date +%s); last=0; rc_all=0
 deadline=$(( T + budget ))
-[ -n "${CALL_T0:-}" ] && [ $(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 )) -lt $deadline ] && deadline=$(( CALL_T0 + ${CALL_LIMIT_S:-600} - 45 ))
+call_end=$(( ${CALL_T0:-T} + ${CALL_LIMIT_S:-600} - 45 ))
+[ -n "${CALL_T0:-}" ] && [ $call_end -lt $deadline ] && deadline=$call_end
+free_gib() { df -B1 --output=avail /tmp | tail -1 | awk '{printf "%.1f", $1/2^30}'; }
 for run in $runs; do
     if [ $(( $(date +%s) + last )) -gt "$deadline" ]; then echo "run $run skipped: ${last}s would pass the deadline"; continue; fi
     ts=$(date +%s); R=/tmp/nemo_runs/$run
@@ -109,7 +111,6 @@ for run in $runs; do
     python3 -c "from ray.scripts.scripts import main; main()" start --head --include-dashboard=false --num-gpus=1 \
         --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$R/gpu.txt"
-    free_gib() { df -B1 --output=avail /tmp | tail -1 | awk '{printf "%.1f", $1/2^30}'; }
     before=$(free_gib)
     t0=$(date +%s)
     left=$(( deadline - $(date +%s) )); [ $left -gt 0 ] || left=1  # timeout 0 would mean no limit at all

@@ -139,17 +139,20 @@ def driver_shim(d: str) -> dict:
 
 def record(run: str, rc: int, wall: float, d: str) -> dict:
     log = parse_log(open(os.path.join(d, "driver.log"), errors="replace").read())
-    ck = os.path.join(d, "ckpt_check.json")
+    return {"run": run, "rc": rc, "wall_s": wall, "versions": versions(), **log,
+            # /tmp's free space before and after the run (device.sh): a full disk fails main's saves in odd ways
+            "disk_free_gib": _json_or_empty(os.path.join(d, "disk_free_gib.json")),
+            "samples": parse_samples(os.path.join(d, "samples.jsonl")),
+            "actors": actor_shim(os.path.join(d, "actor_status.json")), "driver": driver_shim(d),
+            "checkpoints": _json_or_empty(os.path.join(d, "ckpt_check.json"))}
+
+
+def _json_or_empty(path: str) -> dict:
+    """A helper that died or never ran leaves no file, or half of one: the record says so by an empty entry."""
     try:
-        ckpt = json.load(open(ck))
+        return json.load(open(path))
     except (OSError, ValueError):
-        ckpt = {}
-    try:  # /tmp's free space before and after the run (device.sh): a full disk fails main's saves in odd ways
-        disk = json.load(open(os.path.join(d, "disk_free_gib.json")))
-    except (OSError, ValueError):
-        disk = {}
-    return {"run": run, "rc": rc, "wall_s": wall, "versions": versions(), **log, "disk_free_gib": disk, "samples": parse_samples(os.path.join(d, "samples.jsonl")),
-            "actors": actor_shim(os.path.join(d, "actor_status.json")), "driver": driver_shim(d), "checkpoints": ckpt}
+        return {}
 
 
 def _mean(xs):
