@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read back every checkpoint main wrote; say whether each is whole, new, and what training made of the one before.
 
-    python3 ckpt_check.py CKPT_DIR [--decay 0.99]     # JSON on stdout
+    python3 ckpt_check.py CKPT_DIR [--decay 0.99 [--initial HF_MODEL_DIR]]     # JSON on stdout
 
 main saves each step to CKPT_DIR/step_N (renamed from tmp_step_N once the async write is finalized); the policy's
 weights are a torch_dist checkpoint (a `.metadata` file beside its shards) somewhere under step_N/policy/weights.
@@ -12,6 +12,11 @@ of step N that changed must equal decay x its value in step N-1 up to bf16 round
 stale tensor is off by 1 - decay = 1e-2), and at least one must have changed: the checkpoint holds the state
 training had at that save. Tensors weight decay skips keep their value (on the H100 a first version of this check
 counted the layer-stacked norm weights as matrices that should have decayed).
+
+Step to step alone cannot see a checkpoint that lags its step uniformly (step N holding step N-1's weights, the shape
+of #3312's bug, still decays by 0.99 from its predecessor). With --initial, the tensors that need no conversion
+(embedding and output layer; Megatron pads the vocabulary) of every step N are also compared to decay**N x the HF
+model main started from: `anchored` is the N that fits, so a lag of one step shows as N-1.
 """
 import argparse
 import json
@@ -19,6 +24,8 @@ import os
 import re
 
 TOL = 5e-3
+# Megatron's name -> the HF model's, for tensors the Bridge copies as they are
+SAME_AS_HF = {"embedding.word_embeddings.weight": "model.embed_tokens.weight", "output_layer.weight": "lm_head.weight"}
 
 
 def dcp_dirs(root: str) -> list:
@@ -57,8 +64,37 @@ def compare(cur: dict, prev: dict, decay) -> dict:
     return out
 
 
-def check(root: str, decay=None) -> dict:
+def initial_weights(model_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors"):
+            out.update({k: v for k, v in load_file(os.path.join(model_dir, name)).items() if k in SAME_AS_HF.values()})
+    return out
+
+
+def anchor(cur: dict, hf: dict, decay: float, n: int) -> dict:
+    """Which power of decay (n-2 .. n+1) turns the HF start into this step's tensors; None if none fits."""
+    import torch
+
+    fits = []
+    for k in range(max(n - 2, 0), n + 2):
+        errs = []
+        for meg, name in SAME_AS_HF.items():
+            if meg not in cur or name not in hf:
+                return {"anchored": None, "missing": sorted({meg, name} - set(cur) - set(hf))}
+            start = hf[name].float()
+            got = cur[meg][: start.shape[0]].float()
+            errs.append((torch.linalg.vector_norm(got - decay ** k * start) / torch.linalg.vector_norm(start)).item())
+        if max(errs) < TOL:
+            fits.append((max(errs), k))
+    return {"anchored": min(fits)[1] if fits else None, "anchor_rel_err": round(min(fits)[0], 5) if fits else None}
+
+
+def check(root: str, decay=None, initial=None) -> dict:
     steps, unfinished, prev = {}, [], None
+    hf = initial_weights(initial) if initial and decay is not None else None
     for name in sorted(os.listdir(root) if os.path.isdir(root) else [], key=lambda n: int(re.sub(r"\D", "", n) or 0)):
         if name.startswith("tmp_step_"):
             unfinished.append(name)
@@ -75,11 +111,13 @@ def check(root: str, decay=None) -> dict:
         if cur is None:
             steps[n], prev = {"ok": False, "error": "no .metadata"}, None
             continue
-        steps[n] = {"ok": True, "tensors": len(cur), **(compare(cur, prev, decay) if prev is not None else {})}
+        steps[n] = {"ok": True, "tensors": len(cur), **(compare(cur, prev, decay) if prev is not None else {}),
+                    **(anchor(cur, hf, decay, n) if hf is not None else {})}
         prev = cur
     stale = [n for n, s in steps.items() if s.get("equal_to_previous")]
     checked = [n for n, s in steps.items() if "as_trained" in s]
-    return {"steps": steps, "stale_steps": stale, "unfinished": unfinished, "decay": decay,
+    anchored = {"anchored_to_start": sum(1 for n, s in steps.items() if s.get("anchored") == n)} if hf is not None else {}
+    return {**anchored, "steps": steps, "stale_steps": stale, "unfinished": unfinished, "decay": decay,
             "valid": sum(1 for n, s in steps.items() if s["ok"] and n not in stale),
             "as_trained": sum(1 for n in checked if steps[n]["as_trained"]), "checked_against_previous": len(checked)}
 
@@ -88,5 +126,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("root")
     ap.add_argument("--decay", type=float, default=None)
+    ap.add_argument("--initial", default=None, help="the HF model directory main started from")
     args = ap.parse_args()
-    print(json.dumps(check(args.root, args.decay), indent=1))
+    print(json.dumps(check(args.root, args.decay, args.initial), indent=1))

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 VB=$(realpath -m "${VLLM_BUNDLE:-.vllm-bundle-0251}")
 NB=$(realpath -m "${NEMO_BUNDLE:-.nemo-bundle}")
-N=/tmp/nemo
+N=${NEMO_STAGE:-/tmp/nemo}  # a test points it elsewhere
 what=${1:?part N | run a|b|c STEPS}
 shift
 NEMO_ONLY=""
@@ -101,6 +101,12 @@ call_end=$(( ${CALL_T0:-T} + ${CALL_LIMIT_S:-600} - 45 ))
 free_gib() { df -B1 --output=avail /tmp | tail -1 | awk '{printf "%.1f", $1/2^30}'; }
 for run in $runs; do
     if [ $(( $(date +%s) + last )) -gt "$deadline" ]; then echo "run $run skipped: ${last}s would pass the deadline"; continue; fi
+    # Every step's checkpoint stays until the read-back: 6 of this model's took 55.3 GiB of /tmp's 59.5 (H100, 2026-12-06),
+    # so a run that cannot fit them is refused here instead of failing a save half way (CKPT_GIB: one step's checkpoint).
+    if awk -v f="$(free_gib)" -v n="$steps" -v c="${CKPT_GIB:-9.3}" 'BEGIN { exit !(f < n * c + 2) }'; then
+        echo "run $run refused: $(free_gib) GiB free in /tmp, $steps checkpoints need ~$steps x ${CKPT_GIB:-9.3} GiB + 2"
+        rc_all=1; continue
+    fi
     ts=$(date +%s); R=/tmp/nemo_runs/$run
     rm -rf "$R"; mkdir -p "$R/shim_status"
     (
@@ -123,7 +129,7 @@ for run in $runs; do
     sleep 3
     python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
     echo "{\"before_run\": $before, \"after_run\": $(free_gib)}" > "$R/disk_free_gib.json"
-    python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" --decay "$(cd bench/nemo_rl && python3 -c 'import runs; print(runs.DECAY)')" \
+    python3 bench/nemo_rl/ckpt_check.py "$R/ckpt" --initial $N/inputs/model --decay "$(cd bench/nemo_rl && python3 -c 'import runs; print(runs.DECAY)')" \
         > "$R/ckpt_check.json" 2> "$R/ckpt_check.log"
     python3 bench/nemo_rl/report.py --run "$run" --rc $rc --wall-s $((t1-t0)) --dir "$R" > "$OUT/run_$run.json"
     python3 bench/nemo_rl/report.py --table "$OUT/run_$run.json"

@@ -171,6 +171,8 @@ def row(r: dict) -> str:
     ck = r.get("checkpoints") or {}
     valid = f"{ck.get('valid', '-')}/{len(ck.get('steps', {}))}" if ck else "-"
     trained = f"{ck.get('as_trained', '-')}/{ck.get('checked_against_previous', '-')}" if ck else "-"
+    if "anchored_to_start" in ck:  # ckpt_check --initial: each step N against 0.99**N x the HF start
+        trained += f"; = decayed start {ck['anchored_to_start']}/{len(ck.get('steps', {}))}"
     shim = sum(1 for a in r["actors"].values() if a.get("applied"))
     return (f"| {r['run']} | {r['rc']} | {len(r['steps'])} | {step_s} | {prep} | {ckpt} | {after} | {backup} | "
             f"{r['samples'].get('writer_restarts', '-')} | {valid} | {trained} | {shim}/{len(r['actors'])} "

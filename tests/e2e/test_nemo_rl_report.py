@@ -63,6 +63,8 @@ def test_table_row_uses_steps_after_the_first(tmp_path):
            "checkpoints": {"valid": 2, "steps": {"1": {}, "2": {}}, "as_trained": 1, "checked_against_previous": 1}}
     row = report.row(rec)
     assert row.startswith("| b | 0 | 2 | 20.0 | 0.5 | 2.0 | 0.75 | 1.54 / 0.0 | 0 | 2/2 | 1/1 | 1/2 | 1 |")
+    rec["checkpoints"]["anchored_to_start"] = 1
+    assert "| 2/2 | 1/1; = decayed start 1/2 | 1/2 |" in report.row(rec)
 
 
 def test_record_keeps_free_disk_and_survives_its_absence(tmp_path):
@@ -121,6 +123,38 @@ def test_ckpt_check_predicts_each_step_from_the_one_before(tmp_path):
     assert got["as_trained"] == 2 and got["checked_against_previous"] == 4 and got["stale_steps"] == [3]
 
 
+def test_ckpt_check_anchors_every_step_to_the_model_main_started_from(tmp_path):
+    """A checkpoint lagging its step by one (step N holding step N-1's weights) still decays by 0.99 from the one
+    before, so only the HF start can tell: embedding and output layer of step N must be 0.99**N x the start (the
+    Megatron embedding padded beyond the HF vocabulary)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    emb, out = torch.randn(100, 16) * 0.05, torch.randn(100, 16) * 0.05
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"model.embed_tokens.weight": emb.to(torch.bfloat16), "lm_head.weight": out.to(torch.bfloat16),
+               "model.norm.weight": torch.ones(16, dtype=torch.bfloat16)}, str(model / "model.safetensors"))
+
+    def run(root, lag):
+        for n in (1, 2, 3):
+            k = n - lag
+            state = {"embedding.word_embeddings.weight": torch.cat([emb * 0.99 ** k, torch.zeros(28, 16)]).bfloat16(),
+                     "output_layer.weight": (out * 0.99 ** k).bfloat16()}
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(root / f"step_{n}" / "policy" / "weights" / "i")),
+                     no_dist=True)
+        return ckpt_check.check(str(root), decay=0.99, initial=str(model))
+
+    good, lagging = run(tmp_path / "good", 0), run(tmp_path / "lag", 1)
+    assert [good["steps"][n]["anchored"] for n in (1, 2, 3)] == [1, 2, 3] and good["anchored_to_start"] == 3
+    assert good["steps"][3]["anchor_rel_err"] < ckpt_check.TOL
+    assert lagging["as_trained"] == 2  # the step-to-step prediction holds for the lagging run too
+    assert [lagging["steps"][n]["anchored"] for n in (1, 2, 3)] == [0, 1, 2] and lagging["anchored_to_start"] == 0
+    assert "anchored_to_start" not in ckpt_check.check(str(tmp_path / "good"), decay=0.99)
+
+
 def test_ckpt_check_reports_a_missing_weights_dir(tmp_path):
     (tmp_path / "step_1" / "policy").mkdir(parents=True)
     assert ckpt_check.check(str(tmp_path))["steps"][1] == {"ok": False, "error": "no .metadata"}
@@ -173,3 +207,17 @@ def test_writer_restarts_count_children_beyond_those_alive_together(tmp_path):
     steady = samples([20, 21], [20, 21], [20, 21])
     assert steady["writer_restarts"] == 0 and steady["nvrx_writer_pids"] == [20, 21]
     assert samples([20, 21], [21, 22], [21, 23])["writer_restarts"] == 2
+
+
+def test_device_run_refuses_when_the_checkpoints_cannot_fit(tmp_path):
+    """Six checkpoints of the 1B run took 55.3 of /tmp's 59.5 GiB on the H100: a run whose checkpoints cannot fit
+    must stop before it starts the job, not fail a save half way (run (a) once did, after run (b)'s were kept)."""
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "env.sh").write_text("")
+    env = {**os.environ, "NEMO_STAGE": str(stage), "OUT": str(tmp_path), "CKPT_GIB": "1000000"}
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
+    out = subprocess.run(["bash", script, "run", "a,b", "6"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.count("refused:") == 2 and "6 checkpoints need" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]  # no run directory, no record, no job
