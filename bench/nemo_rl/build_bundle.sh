@@ -68,5 +68,8 @@ sha256sum nemo-bundle.part* > nemo-bundle.SHA256SUMS
 # setup): carried beside part 2 as wheels (`extra/`), unpacked into site/ by device.sh
 rm -rf extra && "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT \
     -d extra prettytable==3.18.0 wcwidth==0.9.1
+# Runs d0/d1 (issue 33's (d)): main 7ea279abf with PR #3322 reversed, made from upstream's own diff of its one file
+# (git-ignored like the rest; device.sh builds the tree rl-pre3322 from main's with this file in place)
+bash "$HERE/make_pre3322.sh" "$RL_GIT" extra/pre3322
 ls -l nemo-bundle.part*
 echo "built in $(( $(date +%s) - T0 )) s"

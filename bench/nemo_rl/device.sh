@@ -38,6 +38,11 @@ if [ "$what" = part ]; then
     cat /tmp/nemo-bundle.part0 /tmp/nemo-bundle.part1 /tmp/nemo-bundle.part2 | xz -dc | tar -x -C $N || exit 1
     rm -f /tmp/vllm-site.part* /tmp/nemo-bundle.part*
     for w in "$NB"/extra/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" $N/site; done  # build_bundle.sh: extra/
+    # runs d0/d1: main's tree with PR #3322 reversed (build_bundle.sh made the one file that differs)
+    PRE3322=$NB/extra/pre3322/megatron_policy_worker.py
+    if [ -f "$PRE3322" ]; then
+        cp -r $N/src/rl $N/src/rl-pre3322 && cp "$PRE3322" $N/src/rl-pre3322/nemo_rl/models/policy/workers/ || exit 1
+    fi
     t1=$(date +%s)
     CU=$(python3 -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13"))')
     INC=$(python3 - <<'PY'
@@ -113,6 +118,10 @@ for run in $runs; do
     eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
     ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
     export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO
+    if [ -n "${NEMO_RL_TREE:-}" ]; then  # d0/d1: that tree in place of main's, before Ray starts, so every actor has it too
+        [ -d "$N/src/$NEMO_RL_TREE" ] || { echo "no $N/src/$NEMO_RL_TREE: stage with extra/pre3322 carried"; exit 1; }
+        export PYTHONPATH=${PYTHONPATH/$N\/src\/rl:/$N\/src\/$NEMO_RL_TREE:}
+    fi
     python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
     python3 -c "from ray.scripts.scripts import main; main()" start --head --include-dashboard=false --num-gpus=1 \
         --resources='{"nrl_tag_ALL": 1}' --disable-usage-stats > "$R/ray_start.log" 2>&1 || { tail "$R/ray_start.log"; exit 1; }
@@ -120,7 +129,7 @@ for run in $runs; do
     before=$(free_gib)
     t0=$(date +%s)
     left=$(( deadline - $(date +%s) )); [ $left -gt 0 ] || left=1  # timeout 0 would mean no limit at all
-    (cd $N/src/rl && exec timeout -k 10 $left python3 $ARGS) > "$R/driver.log" 2>&1 &
+    (cd $N/src/${NEMO_RL_TREE:-rl} && exec timeout -k 10 $left python3 $ARGS) > "$R/driver.log" 2>&1 &
     DRV=$!
     python3 bench/nemo_rl/sampler.py "$R/samples.jsonl" $DRV > "$R/sampler.log" 2>&1 &
     python3 bench/nemo_rl/actor_status.py "$R/actor_status.json" $DRV > "$R/actor_status.log" 2>&1 &

@@ -23,14 +23,20 @@ GPU = re.compile(r"GPU Memory (after optimizer offload|after refit complete|befo
 SLEEP = re.compile(r"CuMemAllocator: sleep freed ([\d.]+) GiB memory in total, "
                    r"of which ([\d.]+) GiB is backed up in CPU")
 SAVE = re.compile(r"Saving checkpoint for step (\d+)")
+OOM = re.compile(r"out of memory|OutOfMemoryError")
+WAKE = re.compile(r"to wake up tags \[([^\]]*)\]")
 ERR = re.compile(r"Traceback|out of memory|OutOfMemoryError|CheckpointWorkerDied|ColoShimDiscardError")
 
 
 def parse_log(text: str) -> dict:
     steps, cur = [], {"gpu": {}, "sleep_backup_gib": []}
     saves, errors, sleeps = [], 0, []
-    timing = None
+    timing, oom, wake = None, None, None
     for line in text.splitlines():
+        if oom is None and OOM.search(line):  # the first, and the last wake-up vLLM finished before it
+            oom = {"line": line.strip()[:400], "after_wake": wake, "in_step": len(steps) + 1}
+        if m := WAKE.search(line):
+            wake = m.group(1)
         if m := STEP.search(line):
             timing = dict(cur, total_step_time=float(m.group(1)), timers={})
             steps.append(timing)
@@ -54,7 +60,7 @@ def parse_log(text: str) -> dict:
             saves.append(int(m.group(1)))
         if ERR.search(line):
             errors += 1
-    return {"steps": steps, "saves": saves, "error_lines": errors, "sleep_backup_gib": sleeps}
+    return {"steps": steps, "saves": saves, "error_lines": errors, "sleep_backup_gib": sleeps, "first_oom": oom}
 
 
 def parse_samples(path: str) -> dict:
@@ -62,21 +68,26 @@ def parse_samples(path: str) -> dict:
     NVRx's persistent worker and its results-queue manager both live as long as the writer is kept warm, so a restart
     shows as children beyond the most seen at once. Host RSS summed over every process."""
     writers, peak, policy, most = set(), 0, set(), 0
+    gpu = {"policy": 0.0, "writers": 0.0, "total": 0.0}  # MiB, nvidia-smi's per-process use (peak of each)
     if not os.path.exists(path):
         return {}
     with open(path) as fh:
         for line in fh:
             s = json.loads(line)
             for pid, _ppid, cmd, _rss in s["procs"]:
-                if "MegatronPolicyWorker" in cmd or "lm_policy" in cmd:
+                if "MegatronPolicyWorker" in cmd or "ray::lm_policy" in cmd:  # not ray::vllm_policy
                     policy.add(pid)
             now = {pid for pid, ppid, cmd, _rss in s["procs"]
                    if ppid in policy and "spawn_main" in cmd and "resource_tracker" not in cmd}
             writers |= now
             most = max(most, len(now))
             peak = max(peak, sum(p[3] for p in s["procs"]))
+            mib = {int(pid): m for pid, m in s.get("gpu_mib", {}).items()}
+            gpu["policy"] = max(gpu["policy"], sum(m for pid, m in mib.items() if pid in policy))
+            gpu["writers"] = max(gpu["writers"], sum(m for pid, m in mib.items() if pid in now))
+            gpu["total"] = max(gpu["total"], sum(mib.values()))
     return {"nvrx_writer_pids": sorted(writers), "writer_restarts": max(len(writers) - most, 0),
-            "host_rss_peak_gib": round(peak / 2**30, 2)}
+            "host_rss_peak_gib": round(peak / 2**30, 2), "gpu_peak_mib": gpu}
 
 
 def actor_shim(path: str) -> dict:
@@ -85,9 +96,16 @@ def actor_shim(path: str) -> dict:
     out = {}
     for name, rec in json.load(open(path)).items():
         applied = [r["name"] for r in rec.get("status", []) if r.get("status") == "applied"]
+        # the policy worker's own targets: main's refit offloads are not-needed where main finalizes in them (#3322)
+        # and applied, with calls, where it does not (runs d0/d1)
+        worker = {r["target"].split(":", 1)[1]: [r.get("status"), r.get("calls")] for r in rec.get("status", [])
+                  if r.get("target", "").startswith(WORKER_TARGETS) and r.get("status") != "pending"}
         out[name] = {"COLO_SHIM": rec.get("COLO_SHIM"), "loaded": rec.get("colo_shim_loaded"), "applied": applied,
-                     "error": rec.get("error") or rec.get("status_error")}
+                     "error": rec.get("error") or rec.get("status_error"), **({"worker_targets": worker} if worker else {})}
     return out
+
+
+WORKER_TARGETS = "nemo_rl.models.policy.workers.megatron_policy_worker:MegatronPolicyWorkerImpl."
 
 
 PACKAGES = ("torch", "vllm", "nvidia-resiliency-ext", "transformer_engine", "transformer_engine_cu13", "ray",
@@ -104,6 +122,8 @@ def versions() -> dict:
         from bench.nemo_rl.runs import SOURCES
 
     out = {f"{name} (git)": commit for name, commit in SOURCES.items()}
+    if os.environ.get("NEMO_RL_TREE") == "rl-pre3322":  # runs d0/d1 (runs.py)
+        out["NeMo-RL (git)"] += " with PR #3322 (e4b8f3e5e) reversed"
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)

@@ -5,17 +5,27 @@ Hydra-style overrides only (nothing of main's code or config files is edited).
 
 a: main as is (async_save true, ckpt_assume_constant_structure true, from grpo_math_1B.yaml);
 b: a with COLO_SHIM=1 in the job environment (main's init_ray copies the driver's environment into every actor);
-c: a with policy.megatron_cfg.checkpoint.async_save=false.
+c: a with policy.megatron_cfg.checkpoint.async_save=false;
+d0, d1: (d) of the issue, main 7ea279abf with PR #3322's own diff reversed (build_bundle.sh makes the file;
+   device.sh puts that tree first on PYTHONPATH through NEMO_RL_TREE), vLLM at D_UTIL of the GPU instead of 0.5:
+   d0 as is, d1 with COLO_SHIM=1.
 """
 import sys
 
 SOURCES = {"NeMo-RL": "7ea279abf", "Megatron-Bridge": "8c46dc42", "Megatron-LM": "14346b65"}  # build_bundle.sh's
 DECAY = 1 - 0.01 * 1.0  # what each step multiplies the decayed weights by (see the lr / weight decay overrides)
 
-RUNS = {"a": ({}, []), "b": ({"COLO_SHIM": "1"}, []), "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"])}
+# (d): without #3322 NVRx's cached writer keeps the model and optimizer blocks it was sent (~10.8 GiB here, the
+# policy's allocation before its optimizer offload) after both refit offloads, and vLLM wakes its KV cache next. At
+# 0.5 of an 80 GB H100 that fits beside them; at 0.9 vLLM's pool alone is ~71.7 GiB of 79.6, so the held blocks
+# cannot fit beside it (an H200's 139.8 GiB would need ~0.95).
+D_UTIL = 0.9
+PRE_3322 = {"NEMO_RL_TREE": "rl-pre3322"}
+RUNS = {"a": ({}, []), "b": ({"COLO_SHIM": "1"}, []), "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"]),
+        "d0": (PRE_3322, []), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [])}
 
 
-def overrides(steps: int, inputs: str, out: str) -> list:
+def overrides(steps: int, inputs: str, out: str, util: float = 0.5) -> list:
     return [
         f"grpo.max_num_steps={steps}",
         "grpo.num_prompts_per_step=8",
@@ -25,7 +35,7 @@ def overrides(steps: int, inputs: str, out: str) -> list:
         "policy.train_global_batch_size=64",
         "policy.train_micro_batch_size=4",
         "policy.max_total_sequence_length=256",
-        "policy.generation.vllm_cfg.gpu_memory_utilization=0.5",
+        f"policy.generation.vllm_cfg.gpu_memory_utilization={util}",
         # no torch.compile / CUDA-graph capture at each run's vLLM start: device minutes, the same in a, b and c
         "policy.generation.vllm_cfg.enforce_eager=true",
         "data.train.dataset_name=ResponseDataset",
@@ -56,7 +66,8 @@ def overrides(steps: int, inputs: str, out: str) -> list:
 def command(run: str, steps: int, inputs: str, out: str):
     env, extra = RUNS[run]
     argv = ["examples/run_grpo.py", "--config", "examples/configs/grpo_math_1B_megatron.yaml"]
-    return env, argv + overrides(steps, inputs, out) + extra
+    util = D_UTIL if run.startswith("d") else 0.5
+    return env, argv + overrides(steps, inputs, out, util) + extra
 
 
 if __name__ == "__main__":

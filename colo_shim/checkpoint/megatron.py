@@ -11,8 +11,9 @@ NeMo-RL v0.3-v0.5 declare `@ray.remote class MegatronPolicyWorker`, so the modul
 Ray ActorClass; the plain class is reached through its `__ray_actor_class__`. From v0.6 the code
 lives in MegatronPolicyWorkerImpl. Calls through the actor go through methods `@ray.remote`
 captured before any patch; core/ray_actors.py makes them reach these wrappers, in the driver and in
-the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL already has finalize_async_save (PR #3322),
-offload_before_refit/offload_after_refit fence themselves and the shim stays out of them; main's
+the actor process (where the pre-v0.6 class is a by-value copy). Where NeMo-RL's offload_before_refit/offload_after_refit
+call finalize_async_save themselves (PR #3322) the shim stays out of them; main from #2828 to #3322 has the method
+but offloads that never call it, and is fenced like a release (seen in the code, not the version); main's
 finalize_async_save itself is wrapped so that, with the default release, the offloads neither wait
 for the write nor end the writer (checkpoint/nemo_rl_main.py says exactly when), and in the driver
 main's background wait asks the actors before it occupies them (checkpoint/nemo_rl_driver.py).
@@ -20,7 +21,7 @@ main's background wait asks the actors before it occupies them (checkpoint/nemo_
 
 from __future__ import annotations
 
-from colo_shim.core import guard
+from colo_shim.core import guard, versions
 from colo_shim.core.registry import Patch, Target
 from colo_shim.checkpoint import fence, nemo_rl_driver, nemo_rl_main, state
 
@@ -75,15 +76,17 @@ def declaration() -> Patch:
 
 
 def _nemo_targets(module: str, cls: str, extra_fixed=None) -> tuple:
-    offload_fixed = _either(*(f for f in (extra_fixed, _has_finalize_async_save) if f))
-
     def t(name, wrapper, fixed=extra_fixed):
         return Target(module, f"{cls}.{name}", wrapper, None, "", upstream_fixed=fixed, required=False)
 
+    def offload(name):
+        fixed = _either(*(f for f in (extra_fixed, _offload_finalizes(name)) if f))
+        return t(name, _fence_before(f"{where}.{name}"), fixed)
+
     where = f"nemo_rl {cls.split('.')[0]}"
     return (
-        t("offload_before_refit", _fence_before(f"{where}.offload_before_refit"), offload_fixed),
-        t("offload_after_refit", _fence_before(f"{where}.offload_after_refit"), offload_fixed),
+        offload("offload_before_refit"),
+        offload("offload_after_refit"),
         t("move_model", _fence_before(f"{where}.move_model(cpu)", device_arg=1)),
         t("move_optimizer", _fence_before(f"{where}.move_optimizer(cpu)", device_arg=0)),
         t("prepare_for_lp_inference", _fence_before(f"{where}.prepare_for_lp_inference")),
@@ -91,11 +94,17 @@ def _nemo_targets(module: str, cls: str, extra_fixed=None) -> tuple:
     )
 
 
-def _has_finalize_async_save(module):
-    impl = getattr(module, "MegatronPolicyWorkerImpl", None)
-    if impl is not None and hasattr(impl, "finalize_async_save"):
-        return "NeMo-RL finalize_async_save (PR #3322) already fences this offload"
-    return None
+def _offload_finalizes(method: str):
+    """PR #3322 made each refit offload call finalize_async_save first. The method alone is no evidence: main had
+    it from #2828 on, 83 commits before, with offloads that never call it (the window colo-shim must fence)."""
+
+    def check(module):
+        impl = getattr(module, "MegatronPolicyWorkerImpl", None)
+        if impl is not None and versions.calls(getattr(impl, method, None), "finalize_async_save"):
+            return f"NeMo-RL's {method} finalizes the async save itself (PR #3322)"
+        return None
+
+    return check
 
 
 def _impl_layout(module):

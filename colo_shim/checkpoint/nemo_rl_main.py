@@ -4,8 +4,9 @@ CONTRACT (what a class must look like for this patch to apply, and what it reads
 - Module `nemo_rl.models.policy.workers.megatron_policy_worker` defines a class
   `MegatronPolicyWorkerImpl` with a method `finalize_async_save(self)` (no other arguments). The
   patch wraps that method (and, through core/ray_actors.py, every `@ray.remote` subclass such as
-  main's `MegatronPolicyWorker`). No such method (NeMo-RL before PR #3322): the target reports
-  target-missing (not required) and nothing changes.
+  main's `MegatronPolicyWorker`). No such method (NeMo-RL before PR #2828): the target reports
+  target-missing (not required) and nothing changes. From #2828 to #3322 main has the method but
+  neither the instance flag nor offloads that call it: every call is a waiting call, run unchanged.
 - An "offload call" is a call of `finalize_async_save` made, on the same thread, while a method
   named `offload_before_refit` or `offload_after_refit` of the same instance (`self`) is running
   (found on the Python stack, up to 16 frames up). Every other call (main's checkpointer thread via

@@ -36,3 +36,18 @@ def test_main_with_finalize_async_save_runs_nothing_twice():
         assert result[method]["released"] == 1 and result[method]["pending_after"] == 1, (method, result)
         assert result[method]["finalized_by_shim"] == 0, (method, result)
     assert "finalize_async_save" not in result["events"]  # main's blocking finalize was skipped in offloads
+
+
+def test_main_before_3322_is_fenced_like_a_release():
+    """main from #2828 to #3322 (83 commits) has finalize_async_save, but its refit offloads never call it: the
+    shim must fence them (it once stepped aside on the method's mere presence, leaving the writer's memory held)."""
+    methods = ["offload_before_refit", "offload_after_refit", "move_optimizer_cpu"]
+    result = runner.run("nemo_rl_worker", {"shim": True, "methods": methods}, nvrx="0.6.0", doubles="main",
+                        env={"NEMO_RL_DOUBLE_MAIN": "pre3322"}, timeout=120).result
+    status = result["status"]
+    assert status["MegatronPolicyWorkerImpl.offload_before_refit"] == ["applied", 1], status
+    assert status["MegatronPolicyWorkerImpl.offload_after_refit"] == ["applied", 1], status
+    for method in methods:  # the writer let go first, by the shim's fence; the save goes on writing
+        assert result[method]["released"] == 1 and result[method]["pending_after"] == 1, (method, result)
+        assert result[method]["finalized_by_shim"] == 0, (method, result)
+    assert "finalize_async_save" not in result["events"]  # upstream's offloads do not call it, nor does the shim

@@ -13,9 +13,11 @@ mkdir -p "$dest"
 if [ ! -d "$repo" ]; then
   git clone --bare --filter=blob:none https://github.com/NVIDIA-NeMo/RL.git "$repo"
 fi
-for tag in v0.3.1 v0.4.0 v0.5.0 v0.6.0 v0.7.0 main; do
+# main-pre3322: main at the commit before PR #3322 (finalize_async_save without the offloads calling it)
+for tag in v0.3.1 v0.4.0 v0.5.0 v0.6.0 v0.7.0 main main-pre3322; do
   ref=$tag
   [ "$tag" = main ] && ref=$main_commit
+  [ "$tag" = main-pre3322 ] && ref=16662da37
   rm -rf "${dest:?}/$tag"
   mkdir -p "$dest/$tag"
   git -C "$repo" archive "$ref" nemo_rl | tar -x -C "$dest/$tag"

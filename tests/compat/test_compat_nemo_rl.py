@@ -48,7 +48,11 @@ RELEASES = {
     "v0.6.0": {"vllm": "0.17.1", "transformers": "5.3.0"},
     "v0.7.0": {"vllm": "0.20.0", "transformers": "5.5.0"},
     "main": {"vllm": "0.25.1", "transformers": "5.5.0"},
+    # main at the commit before PR #3322 (16662da37): async saves and finalize_async_save since #2828, offloads that
+    # never call it (83 commits); colo-shim must fence them as in a release
+    "main-pre3322": {"vllm": "0.20.0", "transformers": "5.5.0"},
 }
+MAINS = ("main", "main-pre3322")
 
 GEN3 = "nemo_rl.models.generation.vllm:VllmGeneration."
 GEN = "nemo_rl.models.generation.vllm.vllm_generation:VllmGeneration."
@@ -75,7 +79,7 @@ def _expected(release: str) -> dict:
                                                  "update_weights_via_ipc_zmq", "update_weights_from_collective")})
         exp.update({GEN3 + m: "not-needed" for m in ("finish_generation", "prepare_for_generation")})
         exp.update({VALIDATE[k]: "applied" for k in ("grpo", "distillation")})
-    if release in ("v0.7.0", "main"):
+    if release in ("v0.7.0", *MAINS):
         exp.update({VALIDATE["ppo"]: "applied", VALIDATE["grpo_sync"]: "applied", WIMPL: "applied", WAIMPL: "applied"})
     if release in ("v0.3.1", "v0.4.0"):  # v0.3/v0.4 have no move_optimizer
         exp.update({OLD + m: "applied" for m in MEG if m != "move_optimizer"})
@@ -86,8 +90,8 @@ def _expected(release: str) -> dict:
         exp.update({IMPL + m: "applied" for m in MEG})
         if release == "main":  # PR #3322: upstream finalize_async_save fences these two itself
             exp.update({IMPL + m: "not-needed" for m in ("offload_before_refit", "offload_after_refit")})
-        exp[IMPL + "finalize_async_save"] = "applied" if release == "main" else "target-missing"
-    if release == "main":  # the driver's side (checkpoint/nemo_rl_driver.py)
+        exp[IMPL + "finalize_async_save"] = "applied" if release in MAINS else "target-missing"
+    if release in MAINS:  # the driver's side (checkpoint/nemo_rl_driver.py)
         exp["nemo_rl.models.policy.lm_policy:Policy.finalize_async_save"] = "applied"
         exp.update({f"nemo_rl.distributed.worker_groups:RayWorkerGroup.{m}": "applied" for m in
                     ("run_all_workers_single_data", "run_all_workers_multiple_data", "run_all_workers_sharded_data")})
@@ -245,7 +249,7 @@ def test_vllm_worker_actor_reaches_the_engine_wrappers(release, engine_root):
     assert rows["vllm.entrypoints.llm:LLM.sleep"]["status"] == "applied"
     assert rows["vllm.entrypoints.llm:LLM.sleep"]["calls"] > 0, rows["vllm.entrypoints.llm:LLM.sleep"]
     assert rows["vllm.entrypoints.llm:LLM.wake_up"]["calls"] > 0
-    if release in ("v0.7.0", "main"):  # the Impl's sleep, reached through the actor
+    if release in ("v0.7.0", *MAINS):  # the Impl's sleep, reached through the actor
         assert rows[WIMPL]["status"] == "applied" and rows[WIMPL]["calls"] > 0, rows[WIMPL]
 
 

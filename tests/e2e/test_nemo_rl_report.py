@@ -188,6 +188,11 @@ def test_runs_give_mains_command_lines():
     assert runs.DECAY == pytest.approx(1 - lr * wd) and "loss_fn.reference_policy_kl_penalty=0.0" in argv
     assert not any("async_save" in a for a in runs.command("a", 6, "/in", "/out")[1])
     json.dumps(argv)
+    # (d): main's tree with #3322 reversed, vLLM's pool large enough that the writer's held blocks cannot fit beside it
+    d0, d1 = runs.command("d0", 6, "/in", "/out"), runs.command("d1", 6, "/in", "/out")
+    assert d0[0] == {"NEMO_RL_TREE": "rl-pre3322"} and d1[0] == {"NEMO_RL_TREE": "rl-pre3322", "COLO_SHIM": "1"}
+    util = "policy.generation.vllm_cfg.gpu_memory_utilization="
+    assert f"{util}{runs.D_UTIL}" in d0[1] and f"{util}0.5" in argv and sum(a.startswith(util) for a in d0[1]) == 1
 
 
 def test_writer_restarts_count_children_beyond_those_alive_together(tmp_path):
@@ -209,6 +214,29 @@ def test_writer_restarts_count_children_beyond_those_alive_together(tmp_path):
     assert samples([20, 21], [21, 22], [21, 23])["writer_restarts"] == 2
 
 
+def test_samples_keep_gpu_peaks_and_tell_vllm_from_the_policy(tmp_path):
+    """"ray::vllm_policy-0-0" contains "lm_policy": its children and GPU memory are not the policy's."""
+    spawn = "python -c from multiprocessing.spawn import spawn_main; spawn_main()"
+    rows = [{"procs": [[10, 1, "ray::lm_policy-0-0:MegatronPolicyWorker.train", 1], [20, 10, spawn, 1],
+                       [30, 1, "ray::vllm_policy-0-0:VllmGenerationWorker.generate", 1], [31, 30, spawn, 1]],
+             "gpu_mib": {"10": mib, "20": 520.0, "30": vllm}} for mib, vllm in ((16000.0, 800.0), (900.0, 40000.0))]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = report.parse_samples(str(path))
+    assert got["nvrx_writer_pids"] == [20] and got["writer_restarts"] == 0
+    assert got["gpu_peak_mib"] == {"policy": 16000.0, "writers": 520.0, "total": 41420.0}
+
+
+def test_record_names_the_first_oom_and_the_wake_before_it(tmp_path):
+    """Run (d0) is meant to fail at vLLM's KV-cache wake-up: the record says where, from main's own log."""
+    wake = "(VllmGenerationWorker pid=1) INFO [abstract.py:345] It took 0.05 seconds to wake up tags ['kv_cache']."
+    oom = "(VllmGenerationWorker pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB."
+    (tmp_path / "driver.log").write_text("\n".join(step_block(40.0, 12.5, 3.0, 1.25, 1.54, 0.0012) + [wake, oom]))
+    rec = report.record("d0", 1, 9.0, str(tmp_path))
+    assert rec["first_oom"] == {"line": oom, "after_wake": "'kv_cache'", "in_step": 2}
+    assert report.parse_log(LOG)["first_oom"] is None
+
+
 def test_device_run_refuses_when_the_checkpoints_cannot_fit(tmp_path):
     """Six checkpoints of the 1B run took 55.3 of /tmp's 59.5 GiB on the H100: a run whose checkpoints cannot fit
     must stop before it starts the job, not fail a save half way (run (a) once did, after run (b)'s were kept)."""
@@ -221,3 +249,17 @@ def test_device_run_refuses_when_the_checkpoints_cannot_fit(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.count("refused:") == 2 and "6 checkpoints need" in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]  # no run directory, no record, no job
+
+
+def test_actor_rows_keep_the_policy_workers_own_targets(tmp_path):
+    """Which of main's worker methods colo-shim wrapped, per actor: the offloads are not-needed on main (#3322
+    finalizes in them) and applied, with calls, on main with #3322 reversed (runs d0/d1)."""
+    t = report.WORKER_TARGETS
+    rows = [{"name": "megatron", "target": t + "offload_before_refit", "status": "applied", "calls": 6},
+            {"name": "megatron", "target": t + "finalize_async_save", "status": "pending", "calls": 0},
+            {"name": "nvrx", "target": "nvidia_resiliency_ext.x:Q.f", "status": "applied", "calls": 2}]
+    (tmp_path / "a.json").write_text(json.dumps({"lm_policy-0-0": {"COLO_SHIM": "1", "colo_shim_loaded": True,
+                                                                   "status": rows}}))
+    got = report.actor_shim(str(tmp_path / "a.json"))["lm_policy-0-0"]
+    assert got["applied"] == ["megatron", "nvrx"]
+    assert got["worker_targets"] == {"MegatronPolicyWorkerImpl.offload_before_refit": ["applied", 6]}

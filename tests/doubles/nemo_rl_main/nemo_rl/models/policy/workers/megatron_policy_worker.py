@@ -11,16 +11,25 @@ save, then the save. Here the queue is the real NVRx AsyncCallsQueue a test puts
 holds the Megatron checkpoint config keys main reads (a dict, upstream a dataclass), and the save
 itself is the test's `save_fn(weights_path)` (Megatron-Bridge's save_checkpoint is not installed).
 
-Otherwise the layout of v0.7 (plain `MegatronPolicyWorkerImpl`, thin `@ray.remote` subclass).
+Otherwise the layout of v0.7 (plain `MegatronPolicyWorkerImpl`, thin `@ray.remote` subclass). The two refit
+offloads carry upstream's `@wrap_with_nvtx_name` (a closure without `__wrapped__`).
+
+NEMO_RL_DOUBLE_MAIN=pre3322 gives main as it was from PR #2828 (async saves, `finalize_async_save`) to the commit
+before #3322 (16662da37, 83 commits): offloads that never call `finalize_async_save`, which only waits for the
+write (no terminate, no cleanup), and no `_async_checkpoint_cuda_cache_active` / `_requires_nvrx_cuda_cache_release`.
 """
 
 import gc
+import os
 from typing import Any, Optional
 
 import ray
 from nemo_rl.models.policy import PolicyConfig
 import torch
+from nemo_rl.utils.nsys import wrap_with_nvtx_name
 from nemo_rl_common.megatron_policy_worker import MegatronPolicyWorkerV05, init_storage
+
+PRE_3322 = os.environ.get("NEMO_RL_DOUBLE_MAIN") == "pre3322"
 
 
 class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
@@ -29,7 +38,8 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
                  skip_weight_load: bool = False, **kwargs: Any):
         init_storage(self, config)
         self.async_calls_queue = None
-        self._async_checkpoint_cuda_cache_active = False
+        if not PRE_3322:
+            self._async_checkpoint_cuda_cache_active = False
 
     def prepare_for_lp_inference(self, keep_train_buffers: bool = False) -> None:
         """As upstream main: no finalize_async_save here (only the two refit offloads have it);
@@ -41,11 +51,13 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
         if not keep_train_buffers and getattr(self, "optimizer", None) is not None:
             self.move_optimizer("cpu")
 
+    @wrap_with_nvtx_name("megatron_policy_worker/offload_before_refit")
     def offload_before_refit(self):
         """Offload the optimizer and buffers to the CPU."""
         self.finalize_async_save()
         super().offload_before_refit()
 
+    @wrap_with_nvtx_name("megatron_policy_worker/offload_after_refit")
     def offload_after_refit(self):
         """Offload as much as possible on the CPU."""
         self.finalize_async_save()
@@ -54,7 +66,7 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None, **kwargs):
         """Returns after scheduling when async (the write goes on in NVRx's worker)."""
         is_async = self.cfg.get("checkpoint", {}).get("async_save", False)
-        if is_async and self._requires_nvrx_cuda_cache_release():
+        if is_async and not PRE_3322 and self._requires_nvrx_cuda_cache_release():
             self._async_checkpoint_cuda_cache_active = True
         self._maybe_finalize_async_save(blocking=True)  # the previous save, fully written
         self.save_fn(weights_path)
@@ -98,6 +110,24 @@ class MegatronPolicyWorkerImpl(MegatronPolicyWorkerV05):
                 torch.cuda.empty_cache()
             self._async_checkpoint_cuda_cache_active = False
         self.events.append("finalize_async_save")
+
+    if PRE_3322:  # main from #2828 to the commit before #3322: its code names no finalize in the offloads
+        del _requires_nvrx_cuda_cache_release
+
+        @wrap_with_nvtx_name("megatron_policy_worker/offload_before_refit")
+        def offload_before_refit(self):  # noqa: F811
+            """Offload the optimizer and buffers to the CPU."""
+            super().offload_before_refit()
+
+        @wrap_with_nvtx_name("megatron_policy_worker/offload_after_refit")
+        def offload_after_refit(self):  # noqa: F811
+            """Offload as much as possible on the CPU."""
+            super().offload_after_refit()
+
+        def finalize_async_save(self):  # noqa: F811
+            """Block until the in-flight async write completes; the persistent worker stays alive."""
+            self._maybe_finalize_async_save(blocking=True)
+            self.events.append("finalize_async_save")
 
 
 @ray.remote
