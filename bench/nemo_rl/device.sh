@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 VB=$(realpath -m "${VLLM_BUNDLE:-.vllm-bundle-0251}")
 NB=$(realpath -m "${NEMO_BUNDLE:-.nemo-bundle}")
-N=${NEMO_STAGE:-/tmp/nemo}  # a test points it elsewhere
+N=${NEMO_STAGE:-/tmp/nemo}  # NEMO_STAGE: a test points it elsewhere
 what=${1:?part N | run a|b|c STEPS}
 shift
 NEMO_ONLY=""
@@ -112,7 +112,7 @@ for run in $runs; do
         echo "run $run refused: $(free_gib) GiB free in /tmp, $steps checkpoints need ~$steps x ${CKPT_GIB:-9.3} GiB + 2"
         rc_all=1; continue
     fi
-    ts=$(date +%s); R=/tmp/nemo_runs/$run
+    ts=$(date +%s); R=${NEMO_RUNS:-/tmp/nemo_runs}/$run  # NEMO_RUNS: a test points it elsewhere
     rm -rf "$R"; mkdir -p "$R/shim_status"
     (
     eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"

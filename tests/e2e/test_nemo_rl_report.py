@@ -263,3 +263,17 @@ def test_actor_rows_keep_the_policy_workers_own_targets(tmp_path):
     got = report.actor_shim(str(tmp_path / "a.json"))["lm_policy-0-0"]
     assert got["applied"] == ["megatron", "nvrx"]
     assert got["worker_targets"] == {"MegatronPolicyWorkerImpl.offload_before_refit": ["applied", 6]}
+
+
+def test_device_run_d_needs_the_reversed_tree_staged(tmp_path):
+    """Runs d0/d1 swap main's tree for rl-pre3322 in PYTHONPATH before Ray starts; staged without it (part 2 made
+    without extra/pre3322) they must stop there, before Ray or the job, and say what to carry."""
+    stage, runs_dir = tmp_path / "stage", tmp_path / "runs"
+    (stage / "src" / "rl").mkdir(parents=True)
+    (stage / "env.sh").write_text("")
+    env = {**os.environ, "NEMO_STAGE": str(stage), "NEMO_RUNS": str(runs_dir), "OUT": str(tmp_path), "CKPT_GIB": "0"}
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
+    out = subprocess.run(["bash", script, "run", "d0", "6"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"no {stage}/src/rl-pre3322: stage with extra/pre3322 carried" in out.stdout
+    assert not (runs_dir / "d0" / "ray_start.log").exists() and not (runs_dir / "d0" / "driver.log").exists()
