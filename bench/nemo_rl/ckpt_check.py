@@ -78,17 +78,16 @@ def anchor(cur: dict, hf: dict, decay: float, n: int) -> dict:
     """Which power of decay (n-2 .. n+1) turns the HF start into this step's tensors; None if none fits."""
     import torch
 
+    missing = sorted({k for pair in SAME_AS_HF.items() for k in pair} - set(cur) - set(hf))
+    if missing:
+        return {"anchored": None, "missing": missing}
+    pairs = [(cur[meg][: hf[name].shape[0]].float(), hf[name].float()) for meg, name in SAME_AS_HF.items()]
     fits = []
     for k in range(max(n - 2, 0), n + 2):
-        errs = []
-        for meg, name in SAME_AS_HF.items():
-            if meg not in cur or name not in hf:
-                return {"anchored": None, "missing": sorted({meg, name} - set(cur) - set(hf))}
-            start = hf[name].float()
-            got = cur[meg][: start.shape[0]].float()
-            errs.append((torch.linalg.vector_norm(got - decay ** k * start) / torch.linalg.vector_norm(start)).item())
-        if max(errs) < TOL:
-            fits.append((max(errs), k))
+        err = max((torch.linalg.vector_norm(got - decay ** k * start) / torch.linalg.vector_norm(start)).item()
+                  for got, start in pairs)
+        if err < TOL:
+            fits.append((err, k))
     return {"anchored": min(fits)[1] if fits else None, "anchor_rel_err": round(min(fits)[0], 5) if fits else None}
 
 

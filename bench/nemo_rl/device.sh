@@ -108,8 +108,9 @@ for run in $runs; do
     if [ $(( $(date +%s) + last )) -gt "$deadline" ]; then echo "run $run skipped: ${last}s would pass the deadline"; continue; fi
     # Every step's checkpoint stays until the read-back: 6 of this model's took 55.3 GiB of /tmp's 59.5 (H100, 2026-12-06),
     # so a run that cannot fit them is refused here instead of failing a save half way (CKPT_GIB: one step's checkpoint).
-    if awk -v f="$(free_gib)" -v n="$steps" -v c="${CKPT_GIB:-9.3}" 'BEGIN { exit !(f < n * c + 2) }'; then
-        echo "run $run refused: $(free_gib) GiB free in /tmp, $steps checkpoints need ~$steps x ${CKPT_GIB:-9.3} GiB + 2"
+    free=$(free_gib)
+    if awk -v f="$free" -v n="$steps" -v c="${CKPT_GIB:-9.3}" 'BEGIN { exit !(f < n * c + 2) }'; then
+        echo "run $run refused: $free GiB free in /tmp, $steps checkpoints need ~$steps x ${CKPT_GIB:-9.3} GiB + 2"
         rc_all=1; continue
     fi
     ts=$(date +%s); R=${NEMO_RUNS:-/tmp/nemo_runs}/$run  # NEMO_RUNS: a test points it elsewhere

@@ -25,7 +25,7 @@ SLEEP = re.compile(r"CuMemAllocator: sleep freed ([\d.]+) GiB memory in total, "
 SAVE = re.compile(r"Saving checkpoint for step (\d+)")
 OOM = re.compile(r"out of memory|OutOfMemoryError")
 WAKE = re.compile(r"to wake up tags \[([^\]]*)\]")
-ERR = re.compile(r"Traceback|out of memory|OutOfMemoryError|CheckpointWorkerDied|ColoShimDiscardError")
+ERR = re.compile(rf"Traceback|{OOM.pattern}|CheckpointWorkerDied|ColoShimDiscardError")
 
 
 def parse_log(text: str) -> dict:
@@ -117,12 +117,12 @@ def versions() -> dict:
     from importlib import metadata
 
     try:
-        from runs import SOURCES  # run as a script from bench/nemo_rl
+        from runs import PRE_3322, SOURCES  # run as a script from bench/nemo_rl
     except ImportError:
-        from bench.nemo_rl.runs import SOURCES
+        from bench.nemo_rl.runs import PRE_3322, SOURCES
 
     out = {f"{name} (git)": commit for name, commit in SOURCES.items()}
-    if os.environ.get("NEMO_RL_TREE") == "rl-pre3322":  # runs d0/d1 (runs.py)
+    if os.environ.get("NEMO_RL_TREE") == PRE_3322["NEMO_RL_TREE"]:  # runs d0/d1
         out["NeMo-RL (git)"] += " with PR #3322 (e4b8f3e5e) reversed"
     for name in PACKAGES:
         try:

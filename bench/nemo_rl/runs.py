@@ -21,11 +21,13 @@ DECAY = 1 - 0.01 * 1.0  # what each step multiplies the decayed weights by (see 
 # cannot fit beside it (an H200's 139.8 GiB would need ~0.95).
 D_UTIL = 0.9
 PRE_3322 = {"NEMO_RL_TREE": "rl-pre3322"}
-RUNS = {"a": ({}, []), "b": ({"COLO_SHIM": "1"}, []), "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"]),
-        "d0": (PRE_3322, []), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [])}
+# run -> (its environment, its extra overrides, vLLM's gpu_memory_utilization)
+RUNS = {"a": ({}, [], 0.5), "b": ({"COLO_SHIM": "1"}, [], 0.5),
+        "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"], 0.5),
+        "d0": (PRE_3322, [], D_UTIL), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [], D_UTIL)}
 
 
-def overrides(steps: int, inputs: str, out: str, util: float = 0.5) -> list:
+def overrides(steps: int, inputs: str, out: str, util: float) -> list:
     return [
         f"grpo.max_num_steps={steps}",
         "grpo.num_prompts_per_step=8",
@@ -64,9 +66,8 @@ def overrides(steps: int, inputs: str, out: str, util: float = 0.5) -> list:
 
 
 def command(run: str, steps: int, inputs: str, out: str):
-    env, extra = RUNS[run]
+    env, extra, util = RUNS[run]
     argv = ["examples/run_grpo.py", "--config", "examples/configs/grpo_math_1B_megatron.yaml"]
-    util = D_UTIL if run.startswith("d") else 0.5
     return env, argv + overrides(steps, inputs, out, util) + extra
 
 

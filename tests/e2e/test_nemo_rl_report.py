@@ -153,6 +153,10 @@ def test_ckpt_check_anchors_every_step_to_the_model_main_started_from(tmp_path):
     assert lagging["as_trained"] == 2  # the step-to-step prediction holds for the lagging run too
     assert [lagging["steps"][n]["anchored"] for n in (1, 2, 3)] == [0, 1, 2] and lagging["anchored_to_start"] == 0
     assert "anchored_to_start" not in ckpt_check.check(str(tmp_path / "good"), decay=0.99)
+    save_file({"model.embed_tokens.weight": emb.to(torch.bfloat16)}, str(model / "model.safetensors"))  # no lm_head
+    partial = ckpt_check.check(str(tmp_path / "good"), decay=0.99, initial=str(model))
+    assert partial["steps"][1]["anchored"] is None and partial["steps"][1]["missing"] == ["lm_head.weight"]
+    assert partial["anchored_to_start"] == 0
 
 
 def test_ckpt_check_reports_a_missing_weights_dir(tmp_path):
@@ -193,6 +197,14 @@ def test_runs_give_mains_command_lines():
     assert d0[0] == {"NEMO_RL_TREE": "rl-pre3322"} and d1[0] == {"NEMO_RL_TREE": "rl-pre3322", "COLO_SHIM": "1"}
     util = "policy.generation.vllm_cfg.gpu_memory_utilization="
     assert f"{util}{runs.D_UTIL}" in d0[1] and f"{util}0.5" in argv and sum(a.startswith(util) for a in d0[1]) == 1
+
+
+
+def test_record_names_the_reversed_tree_of_runs_d(monkeypatch):
+    monkeypatch.delenv("NEMO_RL_TREE", raising=False)
+    assert report.versions()["NeMo-RL (git)"] == "7ea279abf"
+    monkeypatch.setenv("NEMO_RL_TREE", "rl-pre3322")
+    assert report.versions()["NeMo-RL (git)"] == "7ea279abf with PR #3322 (e4b8f3e5e) reversed"
 
 
 def test_writer_restarts_count_children_beyond_those_alive_together(tmp_path):
@@ -237,15 +249,23 @@ def test_record_names_the_first_oom_and_the_wake_before_it(tmp_path):
     assert report.parse_log(LOG)["first_oom"] is None
 
 
+def _device_run(tmp_path, runs: str, ckpt_gib: float):
+    """device.sh run RUNS 6 against a stage of main's tree only (an empty env.sh) and a run directory under tmp_path:
+    what it does before Ray or the job starts."""
+    stage, runs_dir = tmp_path / "stage", tmp_path / "runs"
+    (stage / "src" / "rl").mkdir(parents=True)
+    (stage / "env.sh").write_text("")
+    env = {**os.environ, "NEMO_STAGE": str(stage), "NEMO_RUNS": str(runs_dir), "OUT": str(tmp_path),
+           "CKPT_GIB": str(ckpt_gib)}
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
+    out = subprocess.run(["bash", script, "run", runs, "6"], env=env, capture_output=True, text=True, timeout=60)
+    return out, stage, runs_dir
+
+
 def test_device_run_refuses_when_the_checkpoints_cannot_fit(tmp_path):
     """Six checkpoints of the 1B run took 55.3 of /tmp's 59.5 GiB on the H100: a run whose checkpoints cannot fit
     must stop before it starts the job, not fail a save half way (run (a) once did, after run (b)'s were kept)."""
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    (stage / "env.sh").write_text("")
-    env = {**os.environ, "NEMO_STAGE": str(stage), "OUT": str(tmp_path), "CKPT_GIB": "1000000"}
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
-    out = subprocess.run(["bash", script, "run", "a,b", "6"], env=env, capture_output=True, text=True, timeout=60)
+    out, _stage, _runs = _device_run(tmp_path, "a,b", ckpt_gib=1000000)
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.count("refused:") == 2 and "6 checkpoints need" in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]  # no run directory, no record, no job
@@ -268,12 +288,7 @@ def test_actor_rows_keep_the_policy_workers_own_targets(tmp_path):
 def test_device_run_d_needs_the_reversed_tree_staged(tmp_path):
     """Runs d0/d1 swap main's tree for rl-pre3322 in PYTHONPATH before Ray starts; staged without it (part 2 made
     without extra/pre3322) they must stop there, before Ray or the job, and say what to carry."""
-    stage, runs_dir = tmp_path / "stage", tmp_path / "runs"
-    (stage / "src" / "rl").mkdir(parents=True)
-    (stage / "env.sh").write_text("")
-    env = {**os.environ, "NEMO_STAGE": str(stage), "NEMO_RUNS": str(runs_dir), "OUT": str(tmp_path), "CKPT_GIB": "0"}
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
-    out = subprocess.run(["bash", script, "run", "d0", "6"], env=env, capture_output=True, text=True, timeout=60)
+    out, stage, runs_dir = _device_run(tmp_path, "d0", ckpt_gib=0)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no {stage}/src/rl-pre3322: stage with extra/pre3322 carried" in out.stdout
     assert not (runs_dir / "d0" / "ray_start.log").exists() and not (runs_dir / "d0" / "driver.log").exists()
