@@ -116,6 +116,9 @@ for run in $runs; do
     ts=$(date +%s); R=${NEMO_RUNS:-/tmp/nemo_runs}/$run  # NEMO_RUNS: a test points it elsewhere
     rm -rf "$R"; mkdir -p "$R/shim_status"
     (
+    # (d) sizes vLLM's share by the card (runs.d_util)
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    [ -n "$mib" ] && export GPU_TOTAL_MIB=$mib
     eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
     ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
     export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO

@@ -25,14 +25,17 @@ SLEEP = re.compile(r"CuMemAllocator: sleep freed ([\d.]+) GiB memory in total, "
 SAVE = re.compile(r"Saving checkpoint for step (\d+)")
 OOM = re.compile(r"out of memory|OutOfMemoryError")
 WAKE = re.compile(r"to wake up tags \[([^\]]*)\]")
+UTIL = re.compile(r"'gpu_memory_utilization': ([\d.]+)")  # vLLM's own "non-default args" line: the share it got
 ERR = re.compile(rf"Traceback|{OOM.pattern}|CheckpointWorkerDied|ColoShimDiscardError")
 
 
 def parse_log(text: str) -> dict:
     steps, cur = [], {"gpu": {}, "sleep_backup_gib": []}
     saves, errors, sleeps = [], 0, []
-    timing, oom, wake = None, None, None
+    timing, oom, wake, util = None, None, None, None
     for line in text.splitlines():
+        if util is None and "non-default args" in line and (m := UTIL.search(line)):
+            util = float(m.group(1))
         if oom is None and OOM.search(line):  # the first, and the last wake-up vLLM finished before it
             oom = {"line": line.strip()[:400], "after_wake": wake, "in_step": len(steps) + 1}
         if m := WAKE.search(line):
@@ -60,7 +63,8 @@ def parse_log(text: str) -> dict:
             saves.append(int(m.group(1)))
         if ERR.search(line):
             errors += 1
-    return {"steps": steps, "saves": saves, "error_lines": errors, "sleep_backup_gib": sleeps, "first_oom": oom}
+    return {"steps": steps, "saves": saves, "error_lines": errors, "sleep_backup_gib": sleeps, "first_oom": oom,
+            "vllm_gpu_memory_utilization": util}
 
 
 def parse_samples(path: str) -> dict:

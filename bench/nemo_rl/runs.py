@@ -10,21 +10,30 @@ d0, d1: (d) of the issue, main 7ea279abf with PR #3322's own diff reversed (buil
    device.sh puts that tree first on PYTHONPATH through NEMO_RL_TREE), vLLM at D_UTIL of the GPU instead of 0.5:
    d0 as is, d1 with COLO_SHIM=1.
 """
+import os
 import sys
 
 SOURCES = {"NeMo-RL": "7ea279abf", "Megatron-Bridge": "8c46dc42", "Megatron-LM": "14346b65"}  # build_bundle.sh's
 DECAY = 1 - 0.01 * 1.0  # what each step multiplies the decayed weights by (see the lr / weight decay overrides)
 
-# (d): without #3322 NVRx's cached writer keeps the model and optimizer blocks it was sent (~10.8 GiB here, the
+# (d): without #3322 NVRx's cached writer keeps the model and optimizer blocks it was sent (~10.8 GB here, the
 # policy's allocation before its optimizer offload) after both refit offloads, and vLLM wakes its KV cache next. At
-# 0.5 of an 80 GB H100 that fits beside them; at 0.9 vLLM's pool alone is ~71.7 GiB of 79.6, so the held blocks
-# cannot fit beside it (an H200's 139.8 GiB would need ~0.95).
-D_UTIL = 0.9
+# 0.5 of the GPU that fits beside them. (d) gives vLLM all but D_LEFT_GIB of the card (device.sh exports the card's
+# GPU_TOTAL_MIB from nvidia-smi): 0.90 of an 80 GB H100 (79.6 GiB), 0.94 of an H200 (139.8 GiB). The held blocks
+# cannot fit in what is left; the CUDA contexts and the 0.13 GB the policy keeps after its offload can.
+D_LEFT_GIB = 8.0
+
+
+def d_util() -> float:
+    total_gib = float(os.environ.get("GPU_TOTAL_MIB", 81559)) / 1024  # default: the H100 80GB HBM3 of 2026-12-06
+    return round(1 - D_LEFT_GIB / total_gib, 2)
+
+
 PRE_3322 = {"NEMO_RL_TREE": "rl-pre3322"}
-# run -> (its environment, its extra overrides, vLLM's gpu_memory_utilization)
+# run -> (its environment, its extra overrides, vLLM's gpu_memory_utilization: a number, or "d" for d_util())
 RUNS = {"a": ({}, [], 0.5), "b": ({"COLO_SHIM": "1"}, [], 0.5),
         "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"], 0.5),
-        "d0": (PRE_3322, [], D_UTIL), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [], D_UTIL)}
+        "d0": (PRE_3322, [], "d"), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [], "d")}
 
 
 def overrides(steps: int, inputs: str, out: str, util: float) -> list:
@@ -67,6 +76,7 @@ def overrides(steps: int, inputs: str, out: str, util: float) -> list:
 
 def command(run: str, steps: int, inputs: str, out: str):
     env, extra, util = RUNS[run]
+    util = d_util() if util == "d" else util
     argv = ["examples/run_grpo.py", "--config", "examples/configs/grpo_math_1B_megatron.yaml"]
     return env, argv + overrides(steps, inputs, out, util) + extra
 

@@ -179,7 +179,8 @@ def test_logger_stubs_import_and_refuse_use():
     assert out.stdout.split("\n")[:3] == ["StubUsed True"] * 3
 
 
-def test_runs_give_mains_command_lines():
+def test_runs_give_mains_command_lines(monkeypatch):
+    monkeypatch.delenv("GPU_TOTAL_MIB", raising=False)
     from bench.nemo_rl import runs
 
     env, argv = runs.command("b", 6, "/in", "/out")
@@ -196,7 +197,13 @@ def test_runs_give_mains_command_lines():
     d0, d1 = runs.command("d0", 6, "/in", "/out"), runs.command("d1", 6, "/in", "/out")
     assert d0[0] == {"NEMO_RL_TREE": "rl-pre3322"} and d1[0] == {"NEMO_RL_TREE": "rl-pre3322", "COLO_SHIM": "1"}
     util = "policy.generation.vllm_cfg.gpu_memory_utilization="
-    assert f"{util}{runs.D_UTIL}" in d0[1] and f"{util}0.5" in argv and sum(a.startswith(util) for a in d0[1]) == 1
+    assert f"{util}0.5" in argv and sum(a.startswith(util) for a in d0[1]) == 1
+    # vLLM leaves 8 GiB of whichever card: 0.9 of the H100 80GB (81559 MiB), 0.94 of the H200 (143771 MiB)
+    for mib, share in (("81559", 0.9), ("143771", 0.94)):
+        monkeypatch.setenv("GPU_TOTAL_MIB", mib)
+        assert f"{util}{share}" in runs.command("d1", 6, "/in", "/out")[1]
+    monkeypatch.delenv("GPU_TOTAL_MIB")
+    assert f"{util}0.9" in runs.command("d0", 6, "/in", "/out")[1]
 
 
 
@@ -243,10 +250,15 @@ def test_record_names_the_first_oom_and_the_wake_before_it(tmp_path):
     """Run (d0) is meant to fail at vLLM's KV-cache wake-up: the record says where, from main's own log."""
     wake = "(VllmGenerationWorker pid=1) INFO [abstract.py:345] It took 0.05 seconds to wake up tags ['kv_cache']."
     oom = "(VllmGenerationWorker pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB."
-    (tmp_path / "driver.log").write_text("\n".join(step_block(40.0, 12.5, 3.0, 1.25, 1.54, 0.0012) + [wake, oom]))
+    # vLLM's own start-up line says which share of the card it was given (the Overrides line before it is not read)
+    args = ("(VllmGenerationWorker pid=1) INFO [api_utils.py:273] non-default args: {'dtype': 'bfloat16', "
+            "'gpu_memory_utilization': 0.94, 'enforce_eager': True}")
+    lines = ["Overrides: ['policy.generation.vllm_cfg.gpu_memory_utilization=0.5']", args]
+    (tmp_path / "driver.log").write_text("\n".join(lines + step_block(40.0, 12.5, 3.0, 1.25, 1.54, 0.0012) + [wake, oom]))
     rec = report.record("d0", 1, 9.0, str(tmp_path))
     assert rec["first_oom"] == {"line": oom, "after_wake": "'kv_cache'", "in_step": 2}
-    assert report.parse_log(LOG)["first_oom"] is None
+    assert rec["vllm_gpu_memory_utilization"] == 0.94
+    assert report.parse_log(LOG)["first_oom"] is None and report.parse_log(LOG)["vllm_gpu_memory_utilization"] is None
 
 
 def _device_run(tmp_path, runs: str, ckpt_gib: float):
