@@ -118,7 +118,7 @@ for run in $runs; do
     (
     # (d) sizes vLLM's share by the card (runs.d_util)
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-    [ -n "$mib" ] && export GPU_TOTAL_MIB=$mib
+    [[ "$mib" =~ ^[0-9]+$ ]] && export GPU_TOTAL_MIB=$mib  # not an error text: runs.py would fail and d lose its tree
     eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
     ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
     export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO

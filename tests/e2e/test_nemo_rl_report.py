@@ -261,14 +261,14 @@ def test_record_names_the_first_oom_and_the_wake_before_it(tmp_path):
     assert report.parse_log(LOG)["first_oom"] is None and report.parse_log(LOG)["vllm_gpu_memory_utilization"] is None
 
 
-def _device_run(tmp_path, runs: str, ckpt_gib: float):
+def _device_run(tmp_path, runs: str, ckpt_gib: float, path: str = ""):
     """device.sh run RUNS 6 against a stage of main's tree only (an empty env.sh) and a run directory under tmp_path:
     what it does before Ray or the job starts."""
     stage, runs_dir = tmp_path / "stage", tmp_path / "runs"
     (stage / "src" / "rl").mkdir(parents=True)
     (stage / "env.sh").write_text("")
     env = {**os.environ, "NEMO_STAGE": str(stage), "NEMO_RUNS": str(runs_dir), "OUT": str(tmp_path),
-           "CKPT_GIB": str(ckpt_gib)}
+           "CKPT_GIB": str(ckpt_gib), "PATH": path + os.environ["PATH"]}
     script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "nemo_rl", "device.sh")
     out = subprocess.run(["bash", script, "run", runs, "6"], env=env, capture_output=True, text=True, timeout=60)
     return out, stage, runs_dir
@@ -304,3 +304,16 @@ def test_device_run_d_needs_the_reversed_tree_staged(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no {stage}/src/rl-pre3322: stage with extra/pre3322 carried" in out.stdout
     assert not (runs_dir / "d0" / "ray_start.log").exists() and not (runs_dir / "d0" / "driver.log").exists()
+
+
+def test_device_run_d_keeps_its_tree_when_nvidia_smi_prints_an_error(tmp_path):
+    """device.sh sizes (d) by the card nvidia-smi reports; an nvidia-smi that answers with an error text (no driver
+    yet) must leave the default share, not break runs.py, whose failure would drop NEMO_RL_TREE and run main's tree."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    out, stage, runs_dir = _device_run(tmp_path, "d1", ckpt_gib=0, path=f"{bin_dir}:")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"no {stage}/src/rl-pre3322: stage with extra/pre3322 carried" in out.stdout, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and not (runs_dir / "d1" / "ray_start.log").exists()
