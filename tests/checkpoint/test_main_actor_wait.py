@@ -68,10 +68,16 @@ def test_actor_without_colo_shim_falls_back_to_main(cases):
 
 
 def test_a_failing_answer_never_reaches_the_job(cases):
-    """The actor's answer raises: contained in the driver (one warning), main's wait runs, the job goes on."""
+    """The actor's answer raises: contained in the driver (one warning), main's wait runs, the job goes on.
+
+    Main's wait is the checkpointer thread's call, sent after the failed answer's round trip; the main thread's
+    offloads go to the same one-call-at-a-time actor meanwhile, so the wait lands before or after them (both seen,
+    the second on a loaded CI machine) and may or may not find the write still held. What must hold either way: it
+    reached the actor once, as main's own `finalize_async_save` (the actor's offloads, colo-shim on, finalize no
+    write themselves), and the checkpoint it finalized is whole."""
     result = cases.result("probe_raises")
-    assert result["steps"][0]["waited_gated"] == 1, result
-    assert result["driver"]["written_first"] == 0, result
+    assert result["actor"]["events"].count("finalize_async_save") == 1, result
+    assert result["driver"]["written_first"] == 0 and result["driver"]["could_not_tell"] == 0, result
     _checkpoints_whole(result)
     assert "ask the policy workers whether the write is done failed" in cases.stderr("probe_raises")
 
