@@ -119,8 +119,9 @@ for run in $runs; do
     # (d) sizes vLLM's share by the card (runs.d_util)
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
     [[ "$mib" =~ ^[0-9]+$ ]] && export GPU_TOTAL_MIB=$mib  # not an error text: runs.py would fail and d lose its tree
-    eval "$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep '^export')"
-    ARGS=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R" | grep -v '^export')
+    CMD=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R")  # its exports, then main's argv
+    eval "$(grep '^export' <<< "$CMD")"
+    ARGS=$(grep -v '^export' <<< "$CMD")
     export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO
     if [ -n "${NEMO_RL_TREE:-}" ]; then  # d0/d1: that tree in place of main's, before Ray starts, so every actor has it too
         [ -d "$N/src/$NEMO_RL_TREE" ] || { echo "no $N/src/$NEMO_RL_TREE: stage with extra/pre3322 carried"; exit 1; }

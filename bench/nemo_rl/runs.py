@@ -7,7 +7,7 @@ a: main as is (async_save true, ckpt_assume_constant_structure true, from grpo_m
 b: a with COLO_SHIM=1 in the job environment (main's init_ray copies the driver's environment into every actor);
 c: a with policy.megatron_cfg.checkpoint.async_save=false;
 d0, d1: (d) of the issue, main 7ea279abf with PR #3322's own diff reversed (build_bundle.sh makes the file;
-   device.sh puts that tree first on PYTHONPATH through NEMO_RL_TREE), vLLM at D_UTIL of the GPU instead of 0.5:
+   device.sh puts that tree first on PYTHONPATH through NEMO_RL_TREE), vLLM at d_util() of the GPU instead of 0.5:
    d0 as is, d1 with COLO_SHIM=1.
 """
 import os
@@ -19,7 +19,7 @@ DECAY = 1 - 0.01 * 1.0  # what each step multiplies the decayed weights by (see 
 # (d): without #3322 NVRx's cached writer keeps the model and optimizer blocks it was sent (~10.8 GB here, the
 # policy's allocation before its optimizer offload) after both refit offloads, and vLLM wakes its KV cache next. At
 # 0.5 of the GPU that fits beside them. (d) gives vLLM all but D_LEFT_GIB of the card (device.sh exports the card's
-# GPU_TOTAL_MIB from nvidia-smi): 0.90 of an 80 GB H100 (79.6 GiB), 0.94 of an H200 (139.8 GiB). The held blocks
+# GPU_TOTAL_MIB from nvidia-smi): 0.90 of an 80 GB H100 (79.6 GiB), 0.94 of an H200 (140.4 GiB). The held blocks
 # cannot fit in what is left; the CUDA contexts and the 0.13 GB the policy keeps after its offload can.
 D_LEFT_GIB = 8.0
 
@@ -30,10 +30,10 @@ def d_util() -> float:
 
 
 PRE_3322 = {"NEMO_RL_TREE": "rl-pre3322"}
-# run -> (its environment, its extra overrides, vLLM's gpu_memory_utilization: a number, or "d" for d_util())
+# run -> (its environment, its extra overrides, vLLM's gpu_memory_utilization: a number, or d_util for the card's)
 RUNS = {"a": ({}, [], 0.5), "b": ({"COLO_SHIM": "1"}, [], 0.5),
         "c": ({}, ["policy.megatron_cfg.checkpoint.async_save=false"], 0.5),
-        "d0": (PRE_3322, [], "d"), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [], "d")}
+        "d0": (PRE_3322, [], d_util), "d1": ({**PRE_3322, "COLO_SHIM": "1"}, [], d_util)}
 
 
 def overrides(steps: int, inputs: str, out: str, util: float) -> list:
@@ -76,7 +76,7 @@ def overrides(steps: int, inputs: str, out: str, util: float) -> list:
 
 def command(run: str, steps: int, inputs: str, out: str):
     env, extra, util = RUNS[run]
-    util = d_util() if util == "d" else util
+    util = util() if callable(util) else util
     argv = ["examples/run_grpo.py", "--config", "examples/configs/grpo_math_1B_megatron.yaml"]
     return env, argv + overrides(steps, inputs, out, util) + extra
 
