@@ -119,7 +119,8 @@ for run in $runs; do
     # (d) sizes vLLM's share by the card (runs.d_util)
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
     [[ "$mib" =~ ^[0-9]+$ ]] && export GPU_TOTAL_MIB=$mib  # not an error text: runs.py would fail and d lose its tree
-    CMD=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R")  # its exports, then main's argv
+    # its exports, then main's argv; without them Ray would start and python3 run with no argv under this run's name
+    CMD=$(python3 bench/nemo_rl/runs.py "$run" "$steps" $N/inputs "$R") || { echo "runs.py gave no command line for run $run"; exit 1; }
     eval "$(grep '^export' <<< "$CMD")"
     ARGS=$(grep -v '^export' <<< "$CMD")
     export COLO_SHIM_STATUS_DIR=$R/shim_status COLO_SHIM_LOG_LEVEL=INFO

@@ -317,3 +317,13 @@ def test_device_run_d_keeps_its_tree_when_nvidia_smi_prints_an_error(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no {stage}/src/rl-pre3322: stage with extra/pre3322 carried" in out.stdout, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and not (runs_dir / "d1" / "ray_start.log").exists()
+
+
+def test_device_run_stops_when_runs_py_gives_no_command_line(tmp_path):
+    """A run runs.py does not know (or any runs.py failure) ends before Ray starts: with no argv device.sh would start
+    Ray and run a bare python3 under that run's name, and its record would look like a run."""
+    out, stage, runs_dir = _device_run(tmp_path, "e", ckpt_gib=0)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "runs.py gave no command line for run e" in out.stdout, out.stdout + out.stderr
+    assert "KeyError: 'e'" in out.stderr
+    assert not (runs_dir / "e" / "ray_start.log").exists() and not (runs_dir / "e" / "driver.log").exists()
